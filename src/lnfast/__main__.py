@@ -1,0 +1,31 @@
+"""Command line: `python -m lnfast check | bench | config`."""
+import argparse
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m lnfast")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="self-test every function against float64")
+    check.add_argument("--seed", type=int, default=None)
+    sub.add_parser("config", help="print the build configuration")
+    bench = sub.add_parser("bench", help="time lnfast against NumPy (and PyTorch)")
+    from lnfast import _bench
+
+    _bench.add_arguments(bench)
+    args = parser.parse_args(argv)
+
+    if args.command == "check":
+        from lnfast import _selftest
+
+        return 0 if _selftest.run(args.seed) else 1
+    if args.command == "config":
+        import lnfast
+
+        lnfast.show_config()
+        return 0
+    return _bench.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

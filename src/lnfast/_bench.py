@@ -1,0 +1,221 @@
+"""`python -m lnfast bench`: lnfast against NumPy, PyTorch CPU where it is
+installed, and the machine's own copy bandwidth, measured side by side.
+
+Effective bandwidth counts the bytes a perfect kernel must move: forward reads
+x and writes y; backward reads x and dy and writes dx.  Copy bandwidth is a
+parallel memcpy of the same arrays on the same threads, read plus write.
+"""
+import json
+import platform
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+import lnfast
+from lnfast import _cpu
+from lnfast._threads import get_num_threads
+
+DEFAULT_SHAPES = ["8192x1024", "65536x768", "4096x4096", "1024x65536",
+                  "1x768", "32x768", "256x1024"]
+QUICK_SHAPES = ["4096x1024", "256x1024", "1x768"]
+EPS = 1e-5
+
+
+def add_arguments(p):
+    p.add_argument("--quick", action="store_true", help="small shapes, few repeats (<30 s)")
+    p.add_argument("--shapes", nargs="+", metavar="MxD", help=f"default: {' '.join(DEFAULT_SHAPES)}")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
+                   choices=["float32", "float64"])
+    p.add_argument("--threads", type=int, default=None, help="lnfast and torch threads")
+    p.add_argument("--repeat", type=int, default=None, help="timed calls per case")
+    p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
+
+
+def _shape(text):
+    try:
+        m, d = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shapes: expected MxD such as 8192x1024, got {text!r}")
+    return m, d
+
+
+def _median_seconds(fn, repeat, budget):
+    fn()                                   # warm up: page faults, thread team
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeat and (len(times) < 3 or time.perf_counter() - start < budget):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _peak_bytes(fn):
+    """Peak bytes NumPy allocated during one call (tracemalloc sees NumPy)."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# --- the implementations -----------------------------------------------------
+
+def _numpy_forward(x, w, b):
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    return xc / np.sqrt(var + EPS) * w + b
+
+
+def _numpy_backward(dy, x, mean, rstd, w):
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    g = dy * w
+    dx = rstd[:, None] * (g - g.mean(-1, keepdims=True)
+                          - xhat * (g * xhat).mean(-1, keepdims=True))
+    return dx, (dy * xhat).sum(0), dy.sum(0)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _cases(torch, x, w, b, dy, mean, rstd, with_numpy):
+    """{(function, implementation): zero-argument callable}."""
+    D = x.shape[-1]
+    cases = {
+        ("forward", "lnfast"): lambda: lnfast.layer_norm_forward(x, w, b, eps=EPS),
+        ("backward", "lnfast"): lambda: lnfast.layer_norm_backward(dy, x, mean, rstd, w),
+    }
+    if with_numpy:
+        cases[("forward", "numpy")] = lambda: _numpy_forward(x, w, b)
+        cases[("backward", "numpy")] = lambda: _numpy_backward(dy, x, mean, rstd, w)
+    if torch is not None:
+        tx, tw, tb, tdy = (torch.from_numpy(a) for a in (x, w, b, dy))
+        tmean, trstd = (torch.from_numpy(a).reshape(-1, 1) for a in (mean, rstd))
+        aten = torch.ops.aten
+        cases[("forward", "torch")] = lambda: aten.native_layer_norm(tx, [D], tw, tb, EPS)
+        cases[("backward", "torch")] = lambda: aten.native_layer_norm_backward(
+            tdy, tx, [D], tmean, trstd, tw, tb, [True, True, True])
+    return cases
+
+
+def run(args):
+    shapes = [_shape(s) for s in (args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES))]
+    repeat = args.repeat or (5 if args.quick else 21)
+    budget = 1.0 if args.quick else 3.0
+    if args.threads is not None:
+        lnfast.set_num_threads(args.threads)
+    threads = get_num_threads()
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(threads)
+    impls = ["lnfast"] + ([] if args.no_numpy else ["numpy"]) + (["torch"] if torch else [])
+
+    rng = np.random.default_rng(0)
+    results = []
+    total = len(shapes) * len(args.dtypes)
+    for k, ((M, D), dtype) in enumerate(((s, t) for s in shapes for t in args.dtypes), 1):
+        print(f"\r[{k}/{total}] {M}x{D} {dtype} ...", end="", file=sys.stderr, flush=True)
+        x = rng.standard_normal((M, D)).astype(dtype)
+        dy = rng.standard_normal((M, D)).astype(dtype)
+        w = rng.standard_normal(D).astype(dtype)
+        b = rng.standard_normal(D).astype(dtype)
+        _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=EPS)
+        dst = np.empty_like(x)
+        copy_s = _median_seconds(lambda: _cpu.parallel_copy(x, dst, threads), repeat, budget)
+        del dst
+        copy_gbs = 2 * x.nbytes / copy_s / 1e9
+        for (func, impl), fn in _cases(torch, x, w, b, dy, mean, rstd,
+                                        not args.no_numpy).items():
+            nbytes = (2 if func == "forward" else 3) * x.nbytes
+            sec = _median_seconds(fn, repeat, budget)
+            results.append({
+                "function": f"layer_norm {func}", "impl": impl, "dtype": dtype,
+                "M": M, "D": D, "ms": sec * 1e3, "gbs": nbytes / sec / 1e9,
+                "copy_gbs": copy_gbs,
+                "peak_mib": _peak_bytes(fn) / 2**20 if impl == "lnfast" else None,
+            })
+    print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    _print_tables(results, impls, threads, torch)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": _machine(threads, torch), "results": results}, f, indent=1)
+        print(f"wrote {args.json}")
+    if args.plot:
+        _plot(results, impls, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _machine(threads, torch):
+    return {
+        "platform": platform.platform(), "processor": platform.processor(),
+        "threads": threads, "lnfast": lnfast.__version__, "numpy": np.__version__,
+        "torch": torch.__version__ if torch else None,
+    }
+
+
+def _print_tables(results, impls, threads, torch):
+    print(f"lnfast {lnfast.__version__} | numpy {np.__version__}"
+          f"{' | torch ' + torch.__version__ if torch else ' | torch not installed'}"
+          f" | {threads} threads | {platform.machine()}")
+    others = [i for i in impls if i != "lnfast"]
+    for func in dict.fromkeys(r["function"] for r in results):
+        for dtype in dict.fromkeys(r["dtype"] for r in results):
+            rows = [r for r in results if r["function"] == func and r["dtype"] == dtype]
+            if not rows:
+                continue
+            print(f"\n{func}, {dtype}  (median ms; GB/s = bytes a perfect kernel moves / time)")
+            head = (f"{'shape':>11} {'copy GB/s':>9} | {'lnfast ms':>9} {'GB/s':>6} "
+                    f"{'%copy':>5} {'peak MiB':>8}")
+            head += "".join(f" | {o + ' ms':>10} {'x':>6}" for o in others)
+            print(head)
+            print("-" * len(head))
+            for shape in dict.fromkeys((r["M"], r["D"]) for r in rows):
+                by = {r["impl"]: r for r in rows if (r["M"], r["D"]) == shape}
+                me = by["lnfast"]
+                line = (f"{'%dx%d' % shape:>11} {me['copy_gbs']:9.1f} | {me['ms']:9.4f} "
+                        f"{me['gbs']:6.1f} {100 * me['gbs'] / me['copy_gbs']:5.0f} "
+                        f"{me['peak_mib']:8.1f}")
+                for o in others:
+                    if o in by:
+                        line += f" | {by[o]['ms']:10.4f} {by[o]['ms'] / me['ms']:5.1f}x"
+                print(line)
+    print("\nx = that implementation's time / lnfast's time (above 1: lnfast is faster)")
+
+
+def _plot(results, impls, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'lnfast[bench]'")
+    groups = list(dict.fromkeys((r["function"], r["dtype"]) for r in results))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), squeeze=False)
+    for ax, (func, dtype) in zip(axes[0], groups):
+        rows = [r for r in results if (r["function"], r["dtype"]) == (func, dtype)]
+        labels = list(dict.fromkeys(f"{r['M']}x{r['D']}" for r in rows))
+        for impl in impls:
+            ys = [r["gbs"] for r in rows if r["impl"] == impl]
+            if ys:
+                ax.plot(labels, ys, marker="o", label=impl)
+        copy = [r["copy_gbs"] for r in rows if r["impl"] == "lnfast"]
+        ax.plot(labels, copy, "k--", label="copy")
+        ax.set_title(f"{func}, {dtype}")
+        ax.set_ylabel("GB/s")
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

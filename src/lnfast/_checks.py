@@ -1,0 +1,87 @@
+"""Argument checks shared by every public function.
+
+Each check raises before any output is written, so a failed call leaves its
+arguments unchanged.  Messages name the argument, what was expected and what
+was given: TypeError for a wrong type or dtype, ValueError for a wrong shape
+or value (SPEC "Bad input").
+"""
+import math
+import numbers
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def array(name, a):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+    return a
+
+
+def data(name, a):
+    """An input holding rows to normalize (x, residual): returns D."""
+    array(name, a)
+    if a.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {a.dtype}")
+    if a.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
+    if a.shape[-1] == 0:
+        raise ValueError(
+            f"{name} must have a non-empty last axis (D >= 1), got shape {a.shape}"
+        )
+    return a.shape[-1]
+
+
+def like(name, a, x, x_name="x"):
+    """An array that must match x in shape and dtype (dy, dz, residual)."""
+    array(name, a)
+    if a.dtype != x.dtype:
+        raise TypeError(f"{name} must have the dtype of {x_name} ({x.dtype}), got {a.dtype}")
+    if a.shape != x.shape:
+        raise ValueError(f"{name} must have the shape of {x_name} {x.shape}, got {a.shape}")
+    return a
+
+
+def param(name, p, D, dtype):
+    """weight or bias: None, or a length-D vector of x's dtype or float32."""
+    if p is None:
+        return None
+    array(name, p)
+    if p.dtype != dtype and p.dtype != np.float32:
+        raise TypeError(
+            f"{name} must have dtype {dtype} (that of x) or float32, got {p.dtype}"
+        )
+    if p.shape != (D,):
+        raise ValueError(f"{name} must have shape ({D},), got {p.shape}")
+    return p
+
+
+def stats(name, s, shape):
+    """mean or rstd as returned by a forward pass: float, shape x.shape[:-1]."""
+    array(name, s)
+    if s.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {s.dtype}")
+    if s.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (x.shape[:-1]), got {s.shape}")
+    return s
+
+
+def eps(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"eps must be finite and >= 0, got {value}")
+    return value
+
+
+def out(o, shape, dtype):
+    array("out", o)
+    if o.dtype != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {o.dtype}")
+    if o.shape != shape:
+        raise ValueError(f"out must have shape {shape}, got {o.shape}")
+    if not o.flags.writeable:
+        raise ValueError("out must be writeable, got a read-only array")
+    return o

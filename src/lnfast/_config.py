@@ -1,0 +1,39 @@
+"""Version and build introspection."""
+import platform
+import sys
+from importlib import metadata
+
+import numpy as np
+
+from lnfast import _cpu
+from lnfast._threads import get_num_threads
+
+try:
+    __version__ = metadata.version("lnfast")
+except metadata.PackageNotFoundError:  # imported from a source tree
+    __version__ = "0+unknown"
+
+
+def config():
+    """The facts show_config() prints, as a dict."""
+    build = _cpu.build_info()
+    return {
+        "version": __version__,
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "platform": f"{platform.system()} {platform.machine()}",
+        "compiler": build["compiler"],
+        "openmp": build["openmp"],
+        "simd": build["simd"],
+        "threads": get_num_threads(),
+        "gpu": "not available (this version has CPU kernels only)",
+    }
+
+
+def show_config():
+    """Print the version, the build (compiler, OpenMP, SIMD), threads and GPU."""
+    c = config()
+    c["openmp"] = "on" if c["openmp"] else "off (serial build)"
+    width = max(map(len, c))
+    for key, value in c.items():
+        print(f"{key:<{width}} : {value}")

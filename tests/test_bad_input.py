@@ -1,0 +1,161 @@
+"""SPEC "Bad input": each bad argument raises TypeError or ValueError naming
+the argument, and a failed call leaves every argument unchanged."""
+import numpy as np
+import pytest
+
+import lnfast
+
+D = 8
+
+
+@pytest.fixture
+def args(rng):
+    x = rng.standard_normal((4, D))
+    _, mean, rstd = lnfast.layer_norm_forward(x)
+    return dict(x=x, w=rng.standard_normal(D), b=rng.standard_normal(D),
+                dy=rng.standard_normal((4, D)), mean=mean, rstd=rstd)
+
+
+def raises(exc, name, fn, *a, **kw):
+    """Call fn, expect `exc` whose message names `name`; inputs must not change."""
+    arrays = [v for v in list(a) + list(kw.values()) if isinstance(v, np.ndarray)]
+    before = [v.copy() for v in arrays]
+    with pytest.raises(exc, match=rf"\b{name}\b"):
+        fn(*a, **kw)
+    for v, old in zip(arrays, before):
+        assert v.tobytes() == old.tobytes() if v.dtype != object else (v == old).all()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.complex64, object, np.bool_])
+def test_x_of_non_float_dtype(dtype):
+    x = np.ones((2, D), dtype=dtype)
+    raises(TypeError, "x", lnfast.layer_norm, x)
+    raises(TypeError, "x", lnfast.layer_norm_forward, x)
+
+
+@pytest.mark.parametrize("fn", [lnfast.layer_norm, lnfast.layer_norm_forward])
+@pytest.mark.parametrize("x", [[[1.0, 2.0]], 3.0, None, "abc"])
+def test_x_not_an_array(fn, x):
+    raises(TypeError, "x", fn, x)
+
+
+def test_weight_or_bias_not_an_array(args):
+    raises(TypeError, "weight", lnfast.layer_norm, args["x"], [1.0] * D)
+    raises(TypeError, "bias", lnfast.layer_norm, args["x"], None, list(range(D)))
+
+
+@pytest.mark.parametrize("name", ["weight", "bias"])
+@pytest.mark.parametrize("n", [D - 1, D + 1])
+def test_weight_or_bias_of_wrong_length(args, name, n):
+    kw = {name: np.ones(n)}
+    raises(ValueError, name, lnfast.layer_norm, args["x"], **kw)
+    raises(ValueError, name, lnfast.layer_norm_forward, args["x"], **kw)
+
+
+@pytest.mark.parametrize("name", ["weight", "bias"])
+def test_weight_or_bias_of_wrong_dtype(args, name):
+    kw = {name: np.ones(D, np.int64)}
+    raises(TypeError, name, lnfast.layer_norm, args["x"], **kw)
+    kw = {name: np.ones(D, np.float64)}                 # float64 for float32 x
+    raises(TypeError, name, lnfast.layer_norm, args["x"].astype(np.float32), **kw)
+
+
+def test_two_dimensional_weight(args):
+    raises(ValueError, "weight", lnfast.layer_norm, args["x"], np.ones((1, D)))
+
+
+def test_zero_features():
+    x = np.ones((3, 0))
+    raises(ValueError, "x", lnfast.layer_norm, x)
+    raises(ValueError, "x", lnfast.layer_norm_forward, x)
+    raises(ValueError, "x", lnfast.layer_norm_backward, x, x, np.ones(3), np.ones(3))
+
+
+def test_zero_dimensional_x():
+    raises(ValueError, "x", lnfast.layer_norm, np.array(1.0))
+
+
+@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf"), -0.5])
+def test_eps_negative_or_not_finite(args, eps):
+    raises(ValueError, "eps", lnfast.layer_norm, args["x"], eps=eps)
+    raises(ValueError, "eps", lnfast.layer_norm_forward, args["x"], eps=eps)
+
+
+@pytest.mark.parametrize("eps", ["1e-5", None, True, 1j])
+def test_eps_not_a_number(args, eps):
+    raises(TypeError, "eps", lnfast.layer_norm, args["x"], eps=eps)
+
+
+def test_out_of_wrong_shape(args):
+    raises(ValueError, "out", lnfast.layer_norm, args["x"], out=np.empty((4, D + 1)))
+    raises(ValueError, "out", lnfast.layer_norm, args["x"], out=np.empty((D, 4)))
+
+
+def test_out_of_wrong_dtype(args):
+    raises(TypeError, "out", lnfast.layer_norm, args["x"], out=np.empty((4, D), np.float32))
+
+
+def test_out_read_only(args):
+    out = np.zeros((4, D))
+    out.flags.writeable = False
+    raises(ValueError, "out", lnfast.layer_norm, args["x"], out=out)
+    assert not out.any()
+
+
+def test_out_not_an_array(args):
+    raises(TypeError, "out", lnfast.layer_norm, args["x"], out=[0.0] * D)
+
+
+@pytest.mark.parametrize("name", ["mean", "rstd"])
+def test_stats_of_wrong_shape(args, name):
+    a = dict(args)
+    a[name] = np.ones(5)
+    raises(ValueError, name, lnfast.layer_norm_backward,
+           a["dy"], a["x"], a["mean"], a["rstd"], a["w"])
+    a[name] = np.ones((4, 1))
+    raises(ValueError, name, lnfast.layer_norm_backward,
+           a["dy"], a["x"], a["mean"], a["rstd"], a["w"])
+
+
+@pytest.mark.parametrize("name", ["mean", "rstd"])
+def test_stats_of_wrong_dtype_or_type(args, name):
+    a = dict(args)
+    a[name] = np.ones(4, np.int32)
+    raises(TypeError, name, lnfast.layer_norm_backward,
+           a["dy"], a["x"], a["mean"], a["rstd"])
+    a[name] = [1.0] * 4
+    raises(TypeError, name, lnfast.layer_norm_backward,
+           a["dy"], a["x"], a["mean"], a["rstd"])
+
+
+def test_dy_of_wrong_shape(args):
+    raises(ValueError, "dy", lnfast.layer_norm_backward,
+           args["dy"][:, :-1], args["x"], args["mean"], args["rstd"])
+    raises(ValueError, "dy", lnfast.layer_norm_backward,
+           args["dy"][:3], args["x"], args["mean"], args["rstd"])
+
+
+def test_dy_of_wrong_dtype_or_type(args):
+    raises(TypeError, "dy", lnfast.layer_norm_backward,
+           args["dy"].astype(np.float32), args["x"], args["mean"], args["rstd"])
+    raises(TypeError, "dy", lnfast.layer_norm_backward,
+           args["dy"].tolist(), args["x"], args["mean"], args["rstd"])
+
+
+def test_backward_x_bad(args):
+    raises(TypeError, "x", lnfast.layer_norm_backward,
+           args["dy"], args["x"].astype(np.int64), args["mean"], args["rstd"])
+    raises(TypeError, "x", lnfast.layer_norm_backward,
+           args["dy"], None, args["mean"], args["rstd"])
+
+
+def test_backward_weight_bad(args):
+    raises(ValueError, "weight", lnfast.layer_norm_backward,
+           args["dy"], args["x"], args["mean"], args["rstd"], np.ones(D + 1))
+    raises(TypeError, "weight", lnfast.layer_norm_backward,
+           args["dy"], args["x"], args["mean"], args["rstd"], np.ones(D, np.int8))
+
+
+def test_keyword_only_eps_and_out(args):
+    with pytest.raises(TypeError):
+        lnfast.layer_norm(args["x"], None, None, 1e-5)

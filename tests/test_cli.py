@@ -1,0 +1,44 @@
+"""SPEC "Introspection and command line"."""
+import json
+import subprocess
+import sys
+
+import lnfast
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "lnfast", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_show_config(capsys):
+    lnfast.show_config()
+    text = capsys.readouterr().out
+    for key in ("version", "compiler", "openmp", "simd", "threads", "gpu"):
+        assert key in text
+    assert lnfast.__version__ in text
+
+
+def test_check_passes():
+    p = run("check")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "0 failed" in p.stdout and "FAIL" not in p.stdout
+
+
+def test_bench_prints_a_table_and_writes_json(tmp_path):
+    path = tmp_path / "bench.json"
+    p = run("bench", "--quick", "--shapes", "64x256", "--dtypes", "float32",
+            "--repeat", "3", "--json", str(path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "layer_norm forward, float32" in p.stdout
+    assert "layer_norm backward, float32" in p.stdout
+    assert "numpy ms" in p.stdout
+    data = json.loads(path.read_text())
+    impls = {(r["function"], r["impl"]) for r in data["results"]}
+    assert ("layer_norm forward", "numpy") in impls
+    assert all(r["ms"] > 0 and r["gbs"] > 0 for r in data["results"])
+
+
+def test_bench_rejects_a_bad_shape():
+    p = run("bench", "--shapes", "64by256")
+    assert p.returncode != 0 and "MxD" in p.stderr

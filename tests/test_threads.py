@@ -1,0 +1,79 @@
+"""SPEC "Threads and determinism": thread-count control, and results that are
+bitwise identical whatever the thread count."""
+import threading
+
+import numpy as np
+import pytest
+
+import lnfast
+
+
+def test_set_and_get_num_threads(monkeypatch):
+    monkeypatch.delenv("LNFAST_NUM_THREADS", raising=False)
+    default = lnfast.get_num_threads()
+    assert default >= 1
+    lnfast.set_num_threads(3)
+    assert lnfast.get_num_threads() == 3
+    lnfast.set_num_threads(None)
+    assert lnfast.get_num_threads() == default
+
+
+def test_environment_variable(monkeypatch):
+    monkeypatch.setenv("LNFAST_NUM_THREADS", "5")
+    assert lnfast.get_num_threads() == 5
+    lnfast.set_num_threads(2)                  # the explicit setting wins
+    assert lnfast.get_num_threads() == 2
+    lnfast.set_num_threads(None)
+    monkeypatch.setenv("LNFAST_NUM_THREADS", "zero")
+    with pytest.raises(ValueError, match="LNFAST_NUM_THREADS"):
+        lnfast.get_num_threads()
+
+
+@pytest.mark.parametrize("n,exc", [(0, ValueError), (-2, ValueError),
+                                   (1.5, TypeError), ("4", TypeError)])
+def test_bad_thread_counts(n, exc):
+    with pytest.raises(exc, match=r"\bn\b"):
+        lnfast.set_num_threads(n)
+
+
+def all_results(x, w, b, dy):
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, b)
+    return (y, mean, rstd, lnfast.layer_norm(x, w, b),
+            *lnfast.layer_norm_backward(dy, x, mean, rstd, w))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2000, 64), (300, 1000), (7, 5000)])
+def test_bitwise_identical_for_any_thread_count(rng, dtype, shape):
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal(shape[-1]).astype(dtype)
+    b = rng.standard_normal(shape[-1]).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    lnfast.set_num_threads(1)
+    want = all_results(x, w, b, dy)
+    for n in range(2, 9):
+        lnfast.set_num_threads(n)
+        for got, exp in zip(all_results(x, w, b, dy), want):
+            assert got.tobytes() == exp.tobytes(), f"{n} threads"
+
+
+def test_calls_from_many_python_threads(rng):
+    x = rng.standard_normal((512, 256))
+    dy = rng.standard_normal((512, 256))
+    want = all_results(x, None, None, dy)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(10):
+                for got, exp in zip(all_results(x, None, None, dy), want):
+                    assert np.array_equal(got, exp)
+        except Exception as e:          # reported to the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
