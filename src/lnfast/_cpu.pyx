@@ -163,7 +163,7 @@ cdef inline void row_stats(const real* x, Py_ssize_t D,
     cdef double shift = x[0]
     cdef double s1[LANES]
     cdef double s2[LANES]
-    cdef double d, m, v
+    cdef double d, m, v, t1, t2
     cdef Py_ssize_t i, j, n = D - D % LANES
     for j in range(LANES):
         s1[j] = 0.0
@@ -173,12 +173,14 @@ cdef inline void row_stats(const real* x, Py_ssize_t D,
             d = <double>x[i + j] - shift
             s1[j] += d
             s2[j] += d * d
+    t1 = 0.0   # the tail has its own sums: indexing the lanes with a
+    t2 = 0.0   # variable would keep them in memory, unvectorized
     for i in range(n, D):
         d = <double>x[i] - shift
-        s1[i - n] += d
-        s2[i - n] += d * d
-    m = lane_sum(s1) / D
-    v = lane_sum(s2) / D - m * m
+        t1 += d
+        t2 += d * d
+    m = (lane_sum(s1) + t1) / D
+    v = (lane_sum(s2) + t2) / D - m * m
     mean[0] = shift + m
     var[0] = 0.0 if v < 0.0 else v      # clamp rounding below zero; NaN stays
 
@@ -220,7 +222,7 @@ cdef inline void row_backward(const real* x, const real* dy, const real* w,
     cdef double sg[LANES]
     cdef double sgd[LANES]
     cdef real d, g, xh, cr, mg, mgx
-    cdef double c, SG
+    cdef double c, SG, td, tg, tgd
     cdef Py_ssize_t i, j, n = D - D % LANES
     for j in range(LANES):
         sd[j] = 0.0
@@ -233,17 +235,20 @@ cdef inline void row_backward(const real* x, const real* dy, const real* w,
             sd[j] += d
             sg[j] += g
             sgd[j] += <double>g * d
+    td = 0.0   # tail sums kept apart, as in row_stats
+    tg = 0.0
+    tgd = 0.0
     for i in range(n, D):
         d = x[i] - mean
         g = dy[i] * w[i]
-        sd[i - n] += d
-        sg[i - n] += g
-        sgd[i - n] += <double>g * d
-    c = lane_sum(sd) / D
-    SG = lane_sum(sg)
+        td += d
+        tg += g
+        tgd += <double>g * d
+    c = (lane_sum(sd) + td) / D
+    SG = lane_sum(sg) + tg
     cr = <real>c
-    mg = <real>(SG / D)                                   # mean(g)
-    mgx = <real>(rstd * (lane_sum(sgd) - c * SG) / D)     # mean(g * xhat)
+    mg = <real>(SG / D)                                       # mean(g)
+    mgx = <real>(rstd * ((lane_sum(sgd) + tgd) - c * SG) / D)  # mean(g * xhat)
     for i in range(D):
         xh = ((x[i] - mean) - cr) * rstd
         dx[i] = rstd * ((dy[i] * w[i] - mg) - xh * mgx)
