@@ -37,9 +37,15 @@ def test_bad_thread_counts(n, exc):
 
 
 def all_results(x, w, b, dy):
+    """Every function's every output, for one set of inputs."""
     y, mean, rstd = lnfast.layer_norm_forward(x, w, b)
+    fused = lnfast.add_layer_norm_forward(x, dy, w, b)
+    ry, rrstd = lnfast.rms_norm_forward(x, w)
     return (y, mean, rstd, lnfast.layer_norm(x, w, b),
-            *lnfast.layer_norm_backward(dy, x, mean, rstd, w))
+            *lnfast.layer_norm_backward(dy, x, mean, rstd, w),
+            *fused, *lnfast.add_layer_norm_backward(dy, fused[1], fused[2], fused[3],
+                                                    w, dz=x),
+            ry, rrstd, lnfast.rms_norm(x, w), *lnfast.rms_norm_backward(dy, x, rrstd, w))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

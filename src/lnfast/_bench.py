@@ -30,6 +30,8 @@ def add_arguments(p):
                    choices=["float32", "float64"])
     p.add_argument("--threads", type=int, default=None, help="lnfast and torch threads")
     p.add_argument("--repeat", type=int, default=None, help="timed calls per case")
+    p.add_argument("--functions", nargs="+", choices=["layer_norm", "add_layer_norm", "rms_norm"],
+                   help="default: all")
     p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
@@ -75,6 +77,14 @@ def _peak_bytes(fn):
 
 
 # --- the implementations -----------------------------------------------------
+# Bytes a perfect kernel moves, in units of one M x D array: forward reads x
+# and writes y (2); backward reads x, dy and writes dx (3); the fused add-norm
+# forward reads x, residual and writes y, z (4); its backward reads dy, z, dz
+# and writes dsum (4).
+TRAFFIC = {"layer_norm forward": 2, "layer_norm backward": 3,
+           "add_layer_norm forward": 4, "add_layer_norm backward": 4,
+           "rms_norm forward": 2, "rms_norm backward": 3}
+
 
 def _numpy_forward(x, w, b):
     mean = x.mean(axis=-1, keepdims=True)
@@ -91,6 +101,16 @@ def _numpy_backward(dy, x, mean, rstd, w):
     return dx, (dy * xhat).sum(0), dy.sum(0)
 
 
+def _numpy_rms_forward(x, w):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + EPS) * w
+
+
+def _numpy_rms_backward(dy, x, rstd, w):
+    xhat = x * rstd[:, None]
+    g = dy * w
+    return rstd[:, None] * (g - xhat * (g * xhat).mean(-1, keepdims=True)), (dy * xhat).sum(0)
+
+
 def _torch():
     try:
         import torch
@@ -99,23 +119,48 @@ def _torch():
     return torch
 
 
-def _cases(torch, x, w, b, dy, mean, rstd, with_numpy):
+def _cases(torch, x, r, w, b, dy, with_numpy):
     """{(function, implementation): zero-argument callable}."""
     D = x.shape[-1]
+    _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=EPS)
+    _, z, zmean, zrstd = lnfast.add_layer_norm_forward(x, r, w, b, eps=EPS)
+    _, rms_rstd = lnfast.rms_norm_forward(x, w, eps=EPS)
+    dz = r
     cases = {
-        ("forward", "lnfast"): lambda: lnfast.layer_norm_forward(x, w, b, eps=EPS),
-        ("backward", "lnfast"): lambda: lnfast.layer_norm_backward(dy, x, mean, rstd, w),
+        ("layer_norm forward", "lnfast"): lambda: lnfast.layer_norm_forward(x, w, b, eps=EPS),
+        ("layer_norm backward", "lnfast"): lambda: lnfast.layer_norm_backward(
+            dy, x, mean, rstd, w),
+        ("add_layer_norm forward", "lnfast"): lambda: lnfast.add_layer_norm_forward(
+            x, r, w, b, eps=EPS),
+        ("add_layer_norm forward", "add+lnfast"): lambda: lnfast.layer_norm_forward(
+            np.add(x, r), w, b, eps=EPS),
+        ("add_layer_norm backward", "lnfast"): lambda: lnfast.add_layer_norm_backward(
+            dy, z, zmean, zrstd, w, dz=dz),
+        ("add_layer_norm backward", "lnfast+add"): lambda: np.add(
+            lnfast.layer_norm_backward(dy, z, zmean, zrstd, w)[0], dz),
+        ("rms_norm forward", "lnfast"): lambda: lnfast.rms_norm_forward(x, w, eps=EPS),
+        ("rms_norm backward", "lnfast"): lambda: lnfast.rms_norm_backward(dy, x, rms_rstd, w),
     }
     if with_numpy:
-        cases[("forward", "numpy")] = lambda: _numpy_forward(x, w, b)
-        cases[("backward", "numpy")] = lambda: _numpy_backward(dy, x, mean, rstd, w)
+        cases[("layer_norm forward", "numpy")] = lambda: _numpy_forward(x, w, b)
+        cases[("layer_norm backward", "numpy")] = lambda: _numpy_backward(dy, x, mean, rstd, w)
+        cases[("rms_norm forward", "numpy")] = lambda: _numpy_rms_forward(x, w)
+        cases[("rms_norm backward", "numpy")] = lambda: _numpy_rms_backward(dy, x, rms_rstd, w)
     if torch is not None:
-        tx, tw, tb, tdy = (torch.from_numpy(a) for a in (x, w, b, dy))
+        tx, tr, tw, tb, tdy, tz = (torch.from_numpy(a) for a in (x, r, w, b, dy, z))
         tmean, trstd = (torch.from_numpy(a).reshape(-1, 1) for a in (mean, rstd))
         aten = torch.ops.aten
-        cases[("forward", "torch")] = lambda: aten.native_layer_norm(tx, [D], tw, tb, EPS)
-        cases[("backward", "torch")] = lambda: aten.native_layer_norm_backward(
-            tdy, tx, [D], tmean, trstd, tw, tb, [True, True, True])
+        mask = [True, True, True]
+        cases[("layer_norm forward", "torch")] = lambda: aten.native_layer_norm(
+            tx, [D], tw, tb, EPS)
+        cases[("layer_norm backward", "torch")] = lambda: aten.native_layer_norm_backward(
+            tdy, tx, [D], tmean, trstd, tw, tb, mask)
+        cases[("add_layer_norm forward", "torch")] = lambda: aten.native_layer_norm(
+            tx + tr, [D], tw, tb, EPS)
+        cases[("add_layer_norm backward", "torch")] = lambda: aten.native_layer_norm_backward(
+            tdy, tz, [D], tmean, trstd, tw, tb, mask)[0] + tr
+        cases[("rms_norm forward", "torch")] = lambda: torch.nn.functional.rms_norm(
+            tx, [D], tw, EPS)
     return cases
 
 
@@ -129,7 +174,6 @@ def run(args):
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(threads)
-    impls = ["lnfast"] + ([] if args.no_numpy else ["numpy"]) + (["torch"] if torch else [])
 
     rng = np.random.default_rng(0)
     results = []
@@ -138,25 +182,27 @@ def run(args):
         print(f"\r[{k}/{total}] {M}x{D} {dtype} ...", end="", file=sys.stderr, flush=True)
         x = rng.standard_normal((M, D)).astype(dtype)
         dy = rng.standard_normal((M, D)).astype(dtype)
+        r = rng.standard_normal((M, D)).astype(dtype)
         w = rng.standard_normal(D).astype(dtype)
         b = rng.standard_normal(D).astype(dtype)
-        _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=EPS)
         dst = np.empty_like(x)
         copy_s = _median_seconds(lambda: _cpu.parallel_copy(x, dst, threads), repeat, budget)
         del dst
         copy_gbs = 2 * x.nbytes / copy_s / 1e9
-        for (func, impl), fn in _cases(torch, x, w, b, dy, mean, rstd,
-                                        not args.no_numpy).items():
-            nbytes = (2 if func == "forward" else 3) * x.nbytes
+        for (func, impl), fn in _cases(torch, x, r, w, b, dy, not args.no_numpy).items():
+            if args.functions and func.split()[0] not in args.functions:
+                continue
+            nbytes = TRAFFIC[func] * x.nbytes
             sec = _median_seconds(fn, repeat, budget)
             results.append({
-                "function": f"layer_norm {func}", "impl": impl, "dtype": dtype,
+                "function": func, "impl": impl, "dtype": dtype,
                 "M": M, "D": D, "ms": sec * 1e3, "gbs": nbytes / sec / 1e9,
                 "copy_gbs": copy_gbs,
                 "peak_mib": _peak_bytes(fn) / 2**20 if impl == "lnfast" else None,
             })
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-    _print_tables(results, impls, threads, torch)
+    impls = list(dict.fromkeys(r["impl"] for r in results))
+    _print_tables(results, threads, torch)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": _machine(threads, torch), "results": results}, f, indent=1)
@@ -175,16 +221,16 @@ def _machine(threads, torch):
     }
 
 
-def _print_tables(results, impls, threads, torch):
+def _print_tables(results, threads, torch):
     print(f"lnfast {lnfast.__version__} | numpy {np.__version__}"
           f"{' | torch ' + torch.__version__ if torch else ' | torch not installed'}"
           f" | {threads} threads | {platform.machine()}")
-    others = [i for i in impls if i != "lnfast"]
     for func in dict.fromkeys(r["function"] for r in results):
         for dtype in dict.fromkeys(r["dtype"] for r in results):
             rows = [r for r in results if r["function"] == func and r["dtype"] == dtype]
             if not rows:
                 continue
+            others = [i for i in dict.fromkeys(r["impl"] for r in rows) if i != "lnfast"]
             print(f"\n{func}, {dtype}  (median ms; GB/s = bytes a perfect kernel moves / time)")
             head = (f"{'shape':>11} {'copy GB/s':>9} | {'lnfast ms':>9} {'GB/s':>6} "
                     f"{'%copy':>5} {'peak MiB':>8}")

@@ -150,17 +150,18 @@ cdef inline double lane_sum(double* s) noexcept nogil:
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
 
 
-cdef inline void row_stats(const real* x, Py_ssize_t D,
+cdef inline void row_stats(const real* x, Py_ssize_t D, bint centered,
                            double* mean, double* var) noexcept nogil:
-    """Mean and biased variance in one pass.
+    """Mean and biased variance of one row in one pass; with centered=False
+    (RMSNorm) mean = 0 and var = sum(x^2) / D.
 
-    Sums run in float64 over x - x[0]: shifting by a member of the row keeps
-    the sums of the size of the row's spread rather than its offset, so the
-    cancellation in S2/D - (S1/D)^2 costs at most ~D ulps of float64 (and
-    typically one) -- not the textbook E[x^2] - E[x]^2 in working precision,
-    which returns garbage for rows like [40000, 40001, 40002, 40003].
+    LayerNorm sums run in float64 over x - x[0]: shifting by a member of the
+    row keeps the sums of the size of the row's spread rather than its
+    offset, so the cancellation in S2/D - (S1/D)^2 costs at most ~D ulps of
+    float64 (typically one) -- not the textbook E[x^2] - E[x]^2 in working
+    precision, which returns garbage for rows like [40000, 40001, 40002, 40003].
     """
-    cdef double shift = x[0]
+    cdef double shift = x[0] if centered else 0.0
     cdef double s1[LANES]
     cdef double s2[LANES]
     cdef double d, m, v, t1, t2
@@ -179,7 +180,7 @@ cdef inline void row_stats(const real* x, Py_ssize_t D,
         d = <double>x[i] - shift
         t1 += d
         t2 += d * d
-    m = (lane_sum(s1) + t1) / D
+    m = (lane_sum(s1) + t1) / D if centered else 0.0
     v = (lane_sum(s2) + t2) / D - m * m
     mean[0] = shift + m
     var[0] = 0.0 if v < 0.0 else v      # clamp rounding below zero; NaN stays
@@ -187,16 +188,17 @@ cdef inline void row_stats(const real* x, Py_ssize_t D,
 
 cdef inline void row_forward(const real* x, real* y, const real* w,
                              const real* b, Py_ssize_t D, double eps,
-                             real* mean_out, real* rstd_out) noexcept nogil:
+                             bint centered, real* mean_out,
+                             real* rstd_out) noexcept nogil:
     """y = (x - mean) * rstd * w + b for one row, in the working precision;
     mean and rstd are stored through the pointers unless they are NULL.
 
     The float64 mean is split into hi + lo of type `real`: x - hi is exact
     for x near the mean, so float32 rows with a large common offset keep the
-    digits that a float32 mean would round away.
+    digits that a float32 mean would round away.  (RMSNorm: mean = 0, b = 0.)
     """
     cdef double mean, var, rstd
-    row_stats(x, D, &mean, &var)
+    row_stats(x, D, centered, &mean, &var)
     rstd = 1.0 / sqrt(var + eps)
     cdef real hi = <real>mean
     cdef real lo = <real>(mean - <double>hi)
@@ -206,14 +208,17 @@ cdef inline void row_forward(const real* x, real* y, const real* w,
         y[i] = ((x[i] - hi) - lo) * rs * w[i] + b[i]
     if mean_out != NULL:
         mean_out[0] = <real>mean
+    if rstd_out != NULL:
         rstd_out[0] = rs
 
 
 cdef inline void row_backward(const real* x, const real* dy, const real* w,
                               real* dx, double* dw, double* db, Py_ssize_t D,
-                              real mean, real rstd) noexcept nogil:
+                              bint centered, real mean, real rstd) noexcept nogil:
     """dx of one row, and its dy * xhat and dy added into dw and db.
 
+    LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+    RMSNorm (centered=False, mean = 0): dx = rstd * (g - xhat * mean(g * xhat)).
     The stored mean (rounded to `real`) serves as a shift; the residual
     c = mean(x - mean) is recovered in float64, so xhat = (x - mean - c) * rstd
     is as accurate as the forward pass even for large common offsets.
@@ -244,10 +249,10 @@ cdef inline void row_backward(const real* x, const real* dy, const real* w,
         td += d
         tg += g
         tgd += <double>g * d
-    c = (lane_sum(sd) + td) / D
     SG = lane_sum(sg) + tg
+    c = (lane_sum(sd) + td) / D if centered else 0.0
     cr = <real>c
-    mg = <real>(SG / D)                                       # mean(g)
+    mg = <real>(SG / D) if centered else 0                    # mean(g)
     mgx = <real>(rstd * ((lane_sum(sgd) + tgd) - c * SG) / D)  # mean(g * xhat)
     for i in range(D):
         xh = ((x[i] - mean) - cr) * rstd
@@ -256,45 +261,74 @@ cdef inline void row_backward(const real* x, const real* dy, const real* w,
         db[i] += dy[i]
 
 
-# ---------------------------------------------------------------------------
-# Drivers: loops over rows under OpenMP.
+cdef inline void add_row(const real* a, const real* b, real* out,
+                         Py_ssize_t D) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(D):
+        out[i] = a[i] + b[i]
 
-cdef void forward_rows(const RowMap* x, const RowMap* y, const real* w,
-                       const real* b, real* mean_out, real* rstd_out,
-                       Py_ssize_t M, Py_ssize_t D, double eps,
-                       real* scratch, int nthreads) noexcept:
-    cdef Py_ssize_t r
+
+# ---------------------------------------------------------------------------
+# Drivers: one loop over rows for every variant.  The variants differ only in
+# the per-row arguments (centered or not; a residual added first; an incoming
+# gradient dz added last), never in how rows are split, threaded or reduced.
+
+cdef struct Rows:
+    RowMap x, res, z, y         # forward: y = norm(x [+ res]), z = x + res
+    RowMap dy, dz, dx           # backward: dx = dnorm(dy, x) [+ dz]
+    bint has_res, has_dz, centered
+    Py_ssize_t M, D
+    double eps
+    int nthreads
+
+
+cdef inline real* out_row(const RowMap* m, Py_ssize_t r, real* buf) noexcept nogil:
+    return <real*>row_ptr(m, r) if m.inner == sizeof(real) else buf
+
+
+cdef void forward_rows(const Rows* a, const real* w, const real* b,
+                       real* mean_out, real* rstd_out, real* scratch) noexcept:
+    cdef Py_ssize_t r, D = a.D
     cdef const real* xr
+    cdef real* zr
     cdef real* yr
     cdef real* buf = NULL
-    with nogil, parallel(num_threads=nthreads, use_threads_if=nthreads > 1):
-        buf = scratch + 2 * D * omp_get_thread_num() if scratch != NULL else NULL
-        for r in prange(M, schedule='static'):
-            xr = load_row(x, r, D, buf)
-            yr = <real*>row_ptr(y, r) if y.inner == sizeof(real) else buf + D
-            row_forward(xr, yr, w, b, D, eps,
+    with nogil, parallel(num_threads=a.nthreads, use_threads_if=a.nthreads > 1):
+        buf = scratch + 4 * D * omp_get_thread_num() if scratch != NULL else NULL
+        for r in prange(a.M, schedule='static'):
+            xr = load_row(&a.x, r, D, buf)
+            if a.has_res:       # z = x + residual, then normalize z from cache
+                zr = out_row(&a.z, r, buf + 2 * D)
+                add_row(xr, load_row(&a.res, r, D, buf + D), zr, D)
+                if a.z.inner != sizeof(real):
+                    store_row(&a.z, r, D, zr)
+                xr = zr
+            yr = out_row(&a.y, r, buf + 3 * D)
+            row_forward(xr, yr, w, b, D, a.eps, a.centered,
                         mean_out + r if mean_out != NULL else NULL,
-                        rstd_out + r if mean_out != NULL else NULL)
-            if y.inner != sizeof(real):
-                store_row(y, r, D, yr)
+                        rstd_out + r if rstd_out != NULL else NULL)
+            if a.y.inner != sizeof(real):
+                store_row(&a.y, r, D, yr)
 
 
-cdef inline void backward_chunk(const RowMap* x, const RowMap* dy, const RowMap* dx,
-                                const real* w, const real* mean, const real* rstd,
-                                Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t D,
+cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
+                                const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
                                 double* dw, real* buf) noexcept nogil:
     """Rows r0..r1-1 in order, their dweight/dbias summed into dw[0:D], dw[D:2D]."""
-    cdef Py_ssize_t r
-    cdef const real* xr
-    cdef const real* dyr
+    cdef Py_ssize_t r, i, D = a.D
+    cdef const real* dzr
     cdef real* dxr
     for r in range(r0, r1):
-        xr = load_row(x, r, D, buf)
-        dyr = load_row(dy, r, D, buf + D)
-        dxr = <real*>row_ptr(dx, r) if dx.inner == sizeof(real) else buf + 2 * D
-        row_backward(xr, dyr, w, dxr, dw, dw + D, D, mean[r], rstd[r])
-        if dx.inner != sizeof(real):
-            store_row(dx, r, D, dxr)
+        dxr = out_row(&a.dx, r, buf + 2 * D)
+        row_backward(load_row(&a.x, r, D, buf), load_row(&a.dy, r, D, buf + D),
+                     w, dxr, dw, dw + D, D, a.centered,
+                     mean[r] if a.centered else 0, rstd[r])
+        if a.has_dz:    # the gradient reaching z also flows on unchanged
+            dzr = load_row(&a.dz, r, D, buf + 3 * D)
+            for i in range(D):
+                dxr[i] = dxr[i] + dzr[i]
+        if a.dx.inner != sizeof(real):
+            store_row(&a.dx, r, D, dxr)
 
 
 cdef inline void sum_partials(const double* part, Py_ssize_t nchunks,
@@ -308,102 +342,107 @@ cdef inline void sum_partials(const double* part, Py_ssize_t nchunks,
     out[j] = s
 
 
-cdef void backward_rows(const RowMap* x, const RowMap* dy, const RowMap* dx,
-                        const real* w, const real* mean, const real* rstd,
-                        Py_ssize_t M, Py_ssize_t D, Py_ssize_t nchunks,
-                        double* partials, double* dwdb, real* scratch,
-                        int nthreads) noexcept:
+cdef void backward_rows(const Rows* a, const real* w, const real* mean,
+                        const real* rstd, Py_ssize_t nchunks, double* partials,
+                        double* dwdb, real* scratch) noexcept:
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible."""
-    cdef Py_ssize_t c, j
+    cdef Py_ssize_t c, j, M = a.M, D = a.D
     cdef real* buf = NULL
-    with nogil, parallel(num_threads=nthreads, use_threads_if=nthreads > 1):
-        buf = scratch + 3 * D * omp_get_thread_num() if scratch != NULL else NULL
+    with nogil, parallel(num_threads=a.nthreads, use_threads_if=a.nthreads > 1):
+        buf = scratch + 4 * D * omp_get_thread_num() if scratch != NULL else NULL
         for c in prange(nchunks, schedule='static'):
-            backward_chunk(x, dy, dx, w, mean, rstd, c * M // nchunks,
-                           (c + 1) * M // nchunks, D, partials + 2 * D * c, buf)
-    for j in prange(2 * D, nogil=True, schedule='static', num_threads=nthreads,
-                    use_threads_if=nthreads > 1):
+            backward_chunk(a, w, mean, rstd, c * M // nchunks,
+                           (c + 1) * M // nchunks, partials + 2 * D * c, buf)
+    for j in prange(2 * D, nogil=True, schedule='static', num_threads=a.nthreads,
+                    use_threads_if=a.nthreads > 1):
         sum_partials(partials, nchunks, 2 * D, j, dwdb)
 
 
 # ---------------------------------------------------------------------------
-# Python entry points.  Arguments are checked by the caller.
-
-cdef inline bint is_f32(cnp.ndarray a):
-    return cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32
-
-
-cdef cnp.ndarray row_scratch(RowMap* maps, int nmaps, Py_ssize_t per_thread,
-                             int nthreads, cnp.ndarray like):
-    """Per-thread row buffers, only when some row is not contiguous."""
-    cdef int k
-    cdef cnp.npy_intp n = per_thread * nthreads
-    for k in range(nmaps):
-        if maps[k].inner != cnp.PyArray_ITEMSIZE(like):
-            return cnp.PyArray_EMPTY(1, &n, cnp.PyArray_TYPE(like), 0)
-    return None
-
+# Python entry points.  Arguments are checked by the caller (lnfast._kernels).
 
 cdef inline void* data_or_null(cnp.ndarray a):
     return cnp.PyArray_DATA(a) if a is not None else NULL
 
 
-def layer_norm_forward(cnp.ndarray x, cnp.ndarray y, cnp.ndarray w,
-                       cnp.ndarray b, cnp.ndarray mean, cnp.ndarray rstd,
-                       double eps, int nthreads):
-    """Normalize the rows of x into y; store mean and rstd when not None."""
-    cdef RowMap maps[2]
-    cdef Py_ssize_t D = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
-    cdef Py_ssize_t M = cnp.PyArray_SIZE(x) // D
-    rowmap_init(&maps[0], x)
-    rowmap_init(&maps[1], y)
-    scratch = row_scratch(maps, 2, 2 * D, nthreads, x)
-    if is_f32(x):
-        forward_rows[float](&maps[0], &maps[1], <float*>cnp.PyArray_DATA(w),
-                            <float*>cnp.PyArray_DATA(b), <float*>data_or_null(mean),
-                            <float*>data_or_null(rstd), M, D, eps,
-                            <float*>data_or_null(scratch), nthreads)
+cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
+                   int nthreads) except -1:
+    a.D = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
+    a.M = cnp.PyArray_SIZE(x) // a.D
+    a.eps = eps
+    a.centered = centered
+    a.nthreads = nthreads
+    a.has_res = a.has_dz = False
+    rowmap_init(&a.x, x)
+    return 0
+
+
+cdef cnp.ndarray row_scratch(const Rows* a, cnp.ndarray x, tuple arrays):
+    """4 rows of per-thread scratch, only when some row is not contiguous."""
+    cdef cnp.npy_intp n = 4 * a.D * a.nthreads
+    for arr in arrays:
+        if arr is not None and cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] \
+                != cnp.PyArray_ITEMSIZE(x):
+            return cnp.PyArray_EMPTY(1, &n, cnp.PyArray_TYPE(x), 0)
+    return None
+
+
+def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
+            cnp.ndarray w, cnp.ndarray b, cnp.ndarray mean, cnp.ndarray rstd,
+            double eps, bint centered, int nthreads):
+    """y = norm(x + residual) row by row, z = x + residual when residual is
+    not None; mean and rstd stored when not None."""
+    cdef Rows a
+    rows_init(&a, x, eps, centered, nthreads)
+    rowmap_init(&a.y, y)
+    if residual is not None:
+        a.has_res = True
+        rowmap_init(&a.res, residual)
+        rowmap_init(&a.z, z)
+    scratch = row_scratch(&a, x, (x, residual, z, y))
+    if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
+        forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
+                            <float*>data_or_null(mean), <float*>data_or_null(rstd),
+                            <float*>data_or_null(scratch))
     else:
-        forward_rows[double](&maps[0], &maps[1], <double*>cnp.PyArray_DATA(w),
-                             <double*>cnp.PyArray_DATA(b), <double*>data_or_null(mean),
-                             <double*>data_or_null(rstd), M, D, eps,
-                             <double*>data_or_null(scratch), nthreads)
+        forward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>cnp.PyArray_DATA(b),
+                             <double*>data_or_null(mean), <double*>data_or_null(rstd),
+                             <double*>data_or_null(scratch))
 
 
-def layer_norm_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean,
-                        cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx,
-                        Py_ssize_t nchunks, int nthreads):
-    """dx into `dx`; returns float64 array [dweight, dbias] of shape (2, D)."""
-    cdef RowMap maps[3]
-    cdef Py_ssize_t D = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
-    cdef Py_ssize_t M = cnp.PyArray_SIZE(x) // D
+def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
+             cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx, Py_ssize_t nchunks,
+             bint centered, int nthreads):
+    """dx (plus dz when not None) into `dx`; returns the float64 array
+    [dweight, dbias] of shape (2, D).  mean is ignored when not centered."""
+    cdef Rows a
     cdef cnp.npy_intp shape[2]
+    rows_init(&a, x, 0.0, centered, nthreads)
     shape[0] = 2
-    shape[1] = D
+    shape[1] = a.D
     cdef cnp.ndarray dwdb = cnp.PyArray_ZEROS(2, shape, cnp.NPY_FLOAT64, 0)
-    cdef cnp.ndarray partials
-    if M == 0:
+    if a.M == 0:
         return dwdb
-    rowmap_init(&maps[0], x)
-    rowmap_init(&maps[1], dy)
-    rowmap_init(&maps[2], dx)
-    shape[0] = 2 * D * nchunks
-    partials = cnp.PyArray_ZEROS(1, shape, cnp.NPY_FLOAT64, 0)
-    scratch = row_scratch(maps, 3, 3 * D, nthreads, x)
-    if is_f32(x):
-        backward_rows[float](&maps[0], &maps[1], &maps[2], <float*>cnp.PyArray_DATA(w),
-                             <float*>cnp.PyArray_DATA(mean), <float*>cnp.PyArray_DATA(rstd),
-                             M, D, nchunks, <double*>cnp.PyArray_DATA(partials),
-                             <double*>cnp.PyArray_DATA(dwdb),
-                             <float*>data_or_null(scratch), nthreads)
+    rowmap_init(&a.dy, dy)
+    rowmap_init(&a.dx, dx)
+    if dz is not None:
+        a.has_dz = True
+        rowmap_init(&a.dz, dz)
+    shape[0] = 2 * a.D * nchunks
+    cdef cnp.ndarray partials = cnp.PyArray_ZEROS(1, shape, cnp.NPY_FLOAT64, 0)
+    scratch = row_scratch(&a, x, (x, dy, dz, dx))
+    if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
+        backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
+                             <float*>cnp.PyArray_DATA(rstd), nchunks,
+                             <double*>cnp.PyArray_DATA(partials),
+                             <double*>cnp.PyArray_DATA(dwdb), <float*>data_or_null(scratch))
     else:
-        backward_rows[double](&maps[0], &maps[1], &maps[2], <double*>cnp.PyArray_DATA(w),
-                              <double*>cnp.PyArray_DATA(mean), <double*>cnp.PyArray_DATA(rstd),
-                              M, D, nchunks, <double*>cnp.PyArray_DATA(partials),
-                              <double*>cnp.PyArray_DATA(dwdb),
-                              <double*>data_or_null(scratch), nthreads)
+        backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
+                              <double*>cnp.PyArray_DATA(rstd), nchunks,
+                              <double*>cnp.PyArray_DATA(partials),
+                              <double*>cnp.PyArray_DATA(dwdb), <double*>data_or_null(scratch))
     return dwdb
 
 

@@ -8,30 +8,56 @@ from lnfast import reference as ref
 BARS = {np.float32: (2e-6, 2e-5), np.float64: (1e-12, 1e-10)}
 
 
+def _compare(function, dtype, shape, names, got, want, bar):
+    for name, g, w in zip(names, got, want):
+        yield function, dtype, shape, name, ref.rel_error(g, w), bar
+
+
 def _cases(rng):
-    """Yield (function, dtype, shape, quantity, error, bar)."""
+    """Yield (function, dtype, shape, output, error, bar) for every output."""
     for dtype in (np.float32, np.float64):
         fbar, bbar = BARS[dtype]
         for shape in [(64, 768), (3, 5, 4097), (1000, 7)]:
             D = shape[-1]
-            x = rng.standard_normal(shape).astype(dtype) * 2 + 1
+            x, r, dy, dz = (rng.standard_normal(shape).astype(dtype) * 2 + 1
+                            for _ in range(4))
             w = (rng.standard_normal(D) + 1).astype(dtype)
             b = rng.standard_normal(D).astype(dtype)
-            dy = rng.standard_normal(shape).astype(dtype)
+            case = (dtype, shape)
+
             ry, rmean, rrstd = ref.layer_norm_forward(x, w, b)
-            y = lnfast.layer_norm(x, w, b)
-            yield "layer_norm", dtype, shape, "y", ref.rel_error(y, ry), fbar
-            got = lnfast.layer_norm_forward(x, w, b)
-            for name, g, r in zip(("y", "mean", "rstd"), got, (ry, rmean, rrstd)):
-                yield "layer_norm_forward", dtype, shape, name, ref.rel_error(g, r), fbar
-            back = lnfast.layer_norm_backward(dy, x, got[1], got[2], w)
-            rback = ref.layer_norm_backward(dy, x, rmean, rrstd, w)
-            for name, g, r in zip(("dx", "dweight", "dbias"), back, rback):
-                yield "layer_norm_backward", dtype, shape, name, ref.rel_error(g, r), bbar
+            yield from _compare("layer_norm", *case, ["y"], [lnfast.layer_norm(x, w, b)],
+                                [ry], fbar)
+            y, mean, rstd = lnfast.layer_norm_forward(x, w, b)
+            yield from _compare("layer_norm_forward", *case, ["y", "mean", "rstd"],
+                                [y, mean, rstd], [ry, rmean, rrstd], fbar)
+            yield from _compare("layer_norm_backward", *case, ["dx", "dweight", "dbias"],
+                                lnfast.layer_norm_backward(dy, x, mean, rstd, w),
+                                ref.layer_norm_backward(dy, x, rmean, rrstd, w), bbar)
+
+            got = lnfast.add_layer_norm_forward(x, r, w, b)
+            yield from _compare("add_layer_norm_forward", *case,
+                                ["y", "z", "mean", "rstd"], got,
+                                ref.add_layer_norm_forward(x, r, w, b), fbar)
+            z = got[1]
+            _, zmean, zrstd = ref.layer_norm_forward(z, w, b)
+            yield from _compare("add_layer_norm_backward", *case,
+                                ["dsum", "dweight", "dbias"],
+                                lnfast.add_layer_norm_backward(dy, z, got[2], got[3], w, dz=dz),
+                                ref.add_layer_norm_backward(dy, z, zmean, zrstd, w, dz), bbar)
+
+            ry, rrstd = ref.rms_norm_forward(x, w)
+            yield from _compare("rms_norm", *case, ["y"], [lnfast.rms_norm(x, w)], [ry], fbar)
+            y, rstd = lnfast.rms_norm_forward(x, w)
+            yield from _compare("rms_norm_forward", *case, ["y", "rstd"], [y, rstd],
+                                [ry, rrstd], fbar)
+            yield from _compare("rms_norm_backward", *case, ["dx", "dweight"],
+                                lnfast.rms_norm_backward(dy, x, rstd, w),
+                                ref.rms_norm_backward(dy, x, rrstd, w), bbar)
     for offset in (1e3, 1e4, 1e5):
         x = (offset + rng.standard_normal((16, 4096))).astype(np.float32)
-        err = ref.rel_error(lnfast.layer_norm(x), ref.layer_norm_forward(x)[0])
-        yield f"layer_norm (offset {offset:g})", np.float32, x.shape, "y", err, 1e-6
+        yield from _compare(f"layer_norm (offset {offset:g})", np.float32, x.shape, ["y"],
+                            [lnfast.layer_norm(x)], [ref.layer_norm_forward(x)[0]], 1e-6)
 
 
 def run(seed=None):

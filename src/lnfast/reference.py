@@ -40,6 +40,42 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None):
     return dx, dweight, dbias
 
 
+def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5):
+    """(y, z, mean, rstd) with z = x + residual and y = LayerNorm(z), float64."""
+    z = _f64(x) + _f64(residual)
+    y, mean, rstd = layer_norm_forward(z, weight, bias, eps)
+    return y, z, mean, rstd
+
+
+def add_layer_norm_backward(dy, z, mean, rstd, weight=None, dz=None):
+    """(dsum, dweight, dbias): dsum = dL/dz through the norm, plus dz."""
+    dsum, dweight, dbias = layer_norm_backward(dy, z, mean, rstd, weight)
+    if dz is not None:
+        dsum = dsum + _f64(dz)
+    return dsum, dweight, dbias
+
+
+def rms_norm_forward(x, weight=None, eps=1e-5):
+    """(y, rstd) in float64: y = x * rstd * weight, rstd = 1/sqrt(mean(x^2)+eps)."""
+    x = _f64(x)
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1) + eps)
+    y = x * rstd[..., None]
+    if weight is not None:
+        y = y * _f64(weight)
+    return y, rstd
+
+
+def rms_norm_backward(dy, x, rstd, weight=None):
+    """(dx, dweight) in float64: dx = rstd * (g - xhat * mean(g * xhat))."""
+    dy, x = _f64(dy), _f64(x)
+    rstd = _f64(rstd)[..., None]
+    D = x.shape[-1]
+    xhat = x * rstd
+    g = dy if weight is None else dy * _f64(weight)
+    dx = rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).reshape(-1, D).sum(axis=0)
+
+
 def layer_norm_jacobian(x, eps=1e-5):
     """d xhat / d x of one row: (1/sigma) (I - 1 1^T / D - xhat xhat^T / D).
 

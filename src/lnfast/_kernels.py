@@ -1,0 +1,104 @@
+"""Glue between the public functions and the Cython kernels: output
+allocation, out= handling, weight defaults and the thread and chunk choices.
+Arguments arrive checked (lnfast._checks)."""
+import functools
+
+import numpy as np
+
+from lnfast import _cpu
+from lnfast._threads import threads_for
+
+# The kernels address at most this many (non-mergeable) leading axes; deeper
+# arrays are reshaped to 2-D first.
+_MAX_LEAD = 32
+
+# dweight/dbias partial rows: at most this many chunks of rows, each summed in
+# row order, and at most this many bytes of float64 partials.  The chunk grid
+# depends on the shape only, never on the thread count.
+_MAX_CHUNKS = 64
+_MIN_ROWS_PER_CHUNK = 16
+_PARTIALS_BYTES = 16 << 20
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(value, D, dtype):
+    """Read-only vector standing in for weight=None (ones) or bias=None (zeros)."""
+    a = np.full(D, value, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
+def _vector(p, value, D, dtype):
+    if p is None:
+        return _constant(value, D, dtype)
+    return np.ascontiguousarray(p, dtype=dtype)
+
+
+def _kernel_view(a):
+    """`a` itself when the kernels can address it, else a contiguous copy."""
+    if a is None or (a.flags.aligned and a.ndim <= _MAX_LEAD + 1):
+        return a
+    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+
+
+def _writes_safely(o, x, others):
+    """True when the kernel can write straight into `o`: addressable, and it
+    either overlaps no input or is exactly the view `x` (in place: each row
+    is read whole before it is written)."""
+    if not o.flags.aligned or o.ndim > _MAX_LEAD + 1:
+        return False
+    if np.may_share_memory(o, x) and not (
+            o.strides == x.strides
+            and o.__array_interface__["data"][0] == x.__array_interface__["data"][0]):
+        return False
+    return not any(a is not None and np.may_share_memory(o, a) for a in others)
+
+
+def num_chunks(M, D):
+    """How many fixed row chunks the backward pass sums dweight/dbias over."""
+    by_rows = -(-M // _MIN_ROWS_PER_CHUNK)
+    by_bytes = max(1, _PARTIALS_BYTES // (16 * D))
+    return max(1, min(_MAX_CHUNKS, by_rows, by_bytes))
+
+
+def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
+            with_mean=False, with_rstd=False):
+    """Normalize the rows of x (of x + residual): returns (y, z, mean, rstd),
+    z and the statistics None where not asked for."""
+    dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
+    mean = np.empty(lead, dtype) if with_mean else None
+    rstd = np.empty(lead, dtype) if with_rstd else None
+    z = np.empty(x.shape, dtype) if residual is not None else None
+    if out is None:
+        y = target = np.empty(x.shape, dtype)
+    else:
+        y = out
+        safe = _writes_safely(out, x, (residual, weight, bias))
+        target = out if safe else np.empty(x.shape, dtype)
+    if x.size:
+        _cpu.forward(_kernel_view(x), _kernel_view(residual), z, target,
+                     _vector(weight, 1.0, D, dtype), _vector(bias, 0.0, D, dtype),
+                     mean, rstd, eps, centered, threads_for(x.size))
+    if target is not y:
+        np.copyto(y, target)
+    return y, z, mean, rstd
+
+
+def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
+    """(dx [+ dz], dweight, dbias) for the rows of x; dweight and dbias in the
+    weight's dtype (x's when weight is None)."""
+    dtype, D = x.dtype, x.shape[-1]
+    M = x.size // D
+    grad_dtype = dtype if weight is None else weight.dtype
+    dx = np.empty(x.shape, dtype)
+    if M == 0:
+        return dx, np.zeros(D, grad_dtype), np.zeros(D, grad_dtype)
+    if centered:
+        mean = np.ascontiguousarray(mean, dtype=dtype).reshape(M)
+    dwdb = _cpu.backward(
+        _kernel_view(dy), _kernel_view(x), _kernel_view(dz), mean,
+        np.ascontiguousarray(rstd, dtype=dtype).reshape(M),
+        _vector(weight, 1.0, D, dtype), dx, num_chunks(M, D), centered,
+        threads_for(x.size),
+    )
+    return dx, dwdb[0].astype(grad_dtype), dwdb[1].astype(grad_dtype)

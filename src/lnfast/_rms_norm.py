@@ -1,0 +1,34 @@
+"""RMSNorm: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)."""
+from lnfast import _checks, _kernels
+
+
+def _check_forward(x, weight, eps):
+    D = _checks.data("x", x)
+    _checks.param("weight", weight, D, x.dtype)
+    return _checks.eps(eps)
+
+
+def rms_norm(x, weight=None, *, eps=1e-5, out=None):
+    """RMSNorm over the last axis of `x`; `out` may be `x` itself."""
+    eps = _check_forward(x, weight, eps)
+    if out is not None:
+        _checks.out(out, x.shape, x.dtype)
+    return _kernels.forward(x, weight, None, eps, centered=False, out=out)[0]
+
+
+def rms_norm_forward(x, weight=None, *, eps=1e-5):
+    """RMSNorm that also returns rstd (shape x.shape[:-1]): (y, rstd)."""
+    eps = _check_forward(x, weight, eps)
+    y, _, _, rstd = _kernels.forward(x, weight, None, eps, centered=False,
+                                     with_rstd=True)
+    return y, rstd
+
+
+def rms_norm_backward(dy, x, rstd, weight=None):
+    """Gradients of rms_norm: (dx, dweight); dweight sums over every row."""
+    D = _checks.data("x", x)
+    _checks.like("dy", dy, x)
+    _checks.stats("rstd", rstd, x.shape[:-1])
+    _checks.param("weight", weight, D, x.dtype)
+    dx, dweight, _ = _kernels.backward(dy, x, None, rstd, weight, centered=False)
+    return dx, dweight
