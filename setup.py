@@ -76,7 +76,7 @@ class BuildExt(build_ext):
         else:
             # -ffp-contract=off: no FMA contraction, so every build and CPU
             # rounds the same way (bitwise reproducibility).
-            opt = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
+            opt = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-psabi"]
             if os.environ.get("LNFAST_NATIVE", "0") == "1":
                 opt.append("-march=native")
         for ext in self.extensions:

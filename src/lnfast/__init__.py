@@ -4,6 +4,7 @@ See the README and docs/ for the contract; ``lnfast.show_config()`` prints
 how this copy was built.
 """
 from lnfast._config import __version__, show_config
+from lnfast._kernels import empty_cache
 from lnfast._layer_norm import (
     add_layer_norm_backward,
     add_layer_norm_forward,
@@ -18,6 +19,7 @@ __all__ = [
     "__version__",
     "add_layer_norm_backward",
     "add_layer_norm_forward",
+    "empty_cache",
     "get_num_threads",
     "layer_norm",
     "layer_norm_backward",

@@ -26,6 +26,8 @@ def config():
         "openmp": build["openmp"],
         "simd": build["simd"],
         "threads": get_num_threads(),
+        "output cache": "{:.0f} MiB held, limit {:.0f} MiB".format(
+            *(n / 2**20 for n in _cpu.cache_info()[:2])),
         "gpu": "not available (this version has CPU kernels only)",
     }
 

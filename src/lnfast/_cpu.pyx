@@ -1,9 +1,10 @@
 # cython: language_level=3
-"""CPU kernels: LayerNorm forward and backward over the last axis.
+"""CPU kernels: LayerNorm and RMSNorm, forward and backward, over the last axis.
 
 One template (the fused type `real`) serves float32 and float64.  Rows are
 spread over OpenMP threads with `prange`; all reductions run in float64 in a
-fixed order, so results do not depend on the thread count.
+fixed order, so results do not depend on the thread count.  The innermost
+loops are the C row primitives of rowops.h.
 
 Arrays arrive validated from `lnfast._layer_norm`: dtypes are final, weight and
 bias are contiguous vectors of length D, mean/rstd/dx outputs are C-contiguous.
@@ -15,6 +16,7 @@ from libc.math cimport sqrt
 from libc.string cimport memcpy
 
 cimport numpy as cnp
+import numpy as np
 
 from lnfast._openmp_helpers cimport LNFAST_OPENMP, omp_get_max_threads, omp_get_thread_num
 
@@ -25,7 +27,6 @@ ctypedef fused real:
     double
 
 cdef enum:
-    LANES = 8       # independent accumulators: vectorizable, fixed summation order
     MAX_LEAD = 32   # leading axes a RowMap can address after collapsing
 
 # Introspection of the build, read by show_config().
@@ -42,22 +43,8 @@ cdef extern from *:
     #else
     #define LNFAST_COMPILER "unknown"
     #endif
-    #if defined(__AVX512F__)
-    #define LNFAST_SIMD "AVX-512"
-    #elif defined(__AVX2__)
-    #define LNFAST_SIMD "AVX2"
-    #elif defined(__AVX__)
-    #define LNFAST_SIMD "AVX"
-    #elif defined(__SSE2__) || defined(_M_X64)
-    #define LNFAST_SIMD "SSE2"
-    #elif defined(__ARM_NEON) || defined(_M_ARM64)
-    #define LNFAST_SIMD "NEON"
-    #else
-    #define LNFAST_SIMD "none"
-    #endif
     """
     const char* LNFAST_COMPILER
-    const char* LNFAST_SIMD
 
 
 def build_info():
@@ -65,8 +52,44 @@ def build_info():
     return {
         "compiler": LNFAST_COMPILER.decode(),
         "openmp": bool(LNFAST_OPENMP),
-        "simd": LNFAST_SIMD.decode(),
+        "simd": lnf_simd_runtime().decode(),
     }
+
+
+# ---------------------------------------------------------------------------
+# Output buffers come from a cache of large blocks (pool.h), so that repeated
+# calls do not pay the kernel's page faults and zeroing for every output.
+
+cdef extern from "pool.h":
+    object lnf_pool_capsule()
+    void lnf_pool_set_limit(size_t limit)
+    size_t lnf_pool_bytes()
+    size_t lnf_pool_limit()
+    size_t LNF_POOL_MIN
+
+cdef extern from "numpy/arrayobject.h":
+    object PyDataMem_SetHandler(object handler)
+
+cdef object _pool_handler = lnf_pool_capsule()
+
+
+def empty(shape, dtype):
+    """numpy.empty(shape, dtype), drawing large buffers from the cache."""
+    old = PyDataMem_SetHandler(_pool_handler)
+    try:
+        return np.empty(shape, dtype)
+    finally:
+        PyDataMem_SetHandler(old)
+
+
+def cache_info():
+    """(cached bytes, byte limit, smallest cached block size)."""
+    return lnf_pool_bytes(), lnf_pool_limit(), LNF_POOL_MIN
+
+
+def set_cache_limit(size_t limit):
+    """Keep at most `limit` bytes of freed output buffers (0: none)."""
+    lnf_pool_set_limit(limit)
 
 
 def omp_max_threads():
@@ -142,80 +165,92 @@ cdef inline void store_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
 
 
 # ---------------------------------------------------------------------------
-# Per-row math.  Sums use LANES float64 accumulators combined in a fixed
-# pairwise order: the compiler can vectorize them without -ffast-math, and
-# the result is the same on every CPU and for every thread count.
+# Per-row math.  The inner loops are C primitives (rowops.h): float64 sums in
+# fixed lanes, vectorized and dispatched at run time, bitwise the same on
+# every CPU.  Here they are combined into LayerNorm and RMSNorm rows.
 
-cdef inline double lane_sum(double* s) noexcept nogil:
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
+cdef extern from "rowops_all.h" nogil:
+    const char* lnf_simd_runtime()
+    void lnf_row_sums_f32(const float* x, Py_ssize_t n, double shift, double* s1, double* s2)
+    void lnf_row_sums_f64(const double* x, Py_ssize_t n, double shift, double* s1, double* s2)
+    void lnf_row_normalize_f32(const float* x, float* y, const float* w, const float* b,
+                               Py_ssize_t n, float hi, float lo, float rs,
+                               const float* pa, const float* pb)
+    void lnf_row_normalize_f64(const double* x, double* y, const double* w, const double* b,
+                               Py_ssize_t n, double hi, double lo, double rs,
+                               const double* pa, const double* pb)
+    void lnf_row_scale_f32(const float* x, float* y, const float* w, Py_ssize_t n, float rs,
+                           const float* pa, const float* pb)
+    void lnf_row_scale_f64(const double* x, double* y, const double* w, Py_ssize_t n,
+                           double rs, const double* pa, const double* pb)
+    void lnf_row_grad_sums_f32(const float* x, const float* dy, const float* w, Py_ssize_t n,
+                               float mean, double* out)
+    void lnf_row_grad_sums_f64(const double* x, const double* dy, const double* w, Py_ssize_t n,
+                               double mean, double* out)
+    void lnf_row_grad_f32(const float* x, const float* dy, const float* w, float* dx,
+                          double* dw, double* db, Py_ssize_t n, float mean, float c,
+                          float rstd, float mg, float mgx, const float* pa, const float* pb)
+    void lnf_row_grad_f64(const double* x, const double* dy, const double* w, double* dx,
+                          double* dw, double* db, Py_ssize_t n, double mean, double c,
+                          double rstd, double mg, double mgx, const double* pa,
+                          const double* pb)
+    void lnf_row_add_f32(const float* a, const float* b, float* out, Py_ssize_t n)
+    void lnf_row_add_f64(const double* a, const double* b, double* out, Py_ssize_t n)
 
 
-cdef inline void row_stats(const real* x, Py_ssize_t D, bint centered,
-                           double* mean, double* var) noexcept nogil:
-    """Mean and biased variance of one row in one pass; with centered=False
-    (RMSNorm) mean = 0 and var = sum(x^2) / D.
+cdef inline void row_forward(const real* x, real* y, const real* w,
+                             const real* b, Py_ssize_t D, double eps,
+                             bint centered, real* mean_out, real* rstd_out,
+                             const real* pa, const real* pb) noexcept nogil:
+    """One row of LayerNorm (centered) or RMSNorm; mean and rstd are stored
+    through the pointers unless they are NULL.  pa, pb: the next row's
+    inputs, prefetched while this row is written (or NULL).
 
     LayerNorm sums run in float64 over x - x[0]: shifting by a member of the
     row keeps the sums of the size of the row's spread rather than its
     offset, so the cancellation in S2/D - (S1/D)^2 costs at most ~D ulps of
     float64 (typically one) -- not the textbook E[x^2] - E[x]^2 in working
     precision, which returns garbage for rows like [40000, 40001, 40002, 40003].
+    The float64 mean is then applied as hi + lo of type `real`: x - hi is
+    exact for x near the mean, so float32 rows with a large common offset
+    keep the digits that a float32 mean would round away.
+    RMSNorm sums x^2 without a shift: its terms are all positive.
     """
     cdef double shift = x[0] if centered else 0.0
-    cdef double s1[LANES]
-    cdef double s2[LANES]
-    cdef double d, m, v, t1, t2
-    cdef Py_ssize_t i, j, n = D - D % LANES
-    for j in range(LANES):
-        s1[j] = 0.0
-        s2[j] = 0.0
-    for i in range(0, n, 8):     # 8 == LANES (Cython needs a literal step)
-        for j in range(LANES):
-            d = <double>x[i + j] - shift
-            s1[j] += d
-            s2[j] += d * d
-    t1 = 0.0   # the tail has its own sums: indexing the lanes with a
-    t2 = 0.0   # variable would keep them in memory, unvectorized
-    for i in range(n, D):
-        d = <double>x[i] - shift
-        t1 += d
-        t2 += d * d
-    m = (lane_sum(s1) + t1) / D if centered else 0.0
-    v = (lane_sum(s2) + t2) / D - m * m
-    mean[0] = shift + m
-    var[0] = 0.0 if v < 0.0 else v      # clamp rounding below zero; NaN stays
-
-
-cdef inline void row_forward(const real* x, real* y, const real* w,
-                             const real* b, Py_ssize_t D, double eps,
-                             bint centered, real* mean_out,
-                             real* rstd_out) noexcept nogil:
-    """y = (x - mean) * rstd * w + b for one row, in the working precision;
-    mean and rstd are stored through the pointers unless they are NULL.
-
-    The float64 mean is split into hi + lo of type `real`: x - hi is exact
-    for x near the mean, so float32 rows with a large common offset keep the
-    digits that a float32 mean would round away.  (RMSNorm: mean = 0, b = 0.)
-    """
-    cdef double mean, var, rstd
-    row_stats(x, D, centered, &mean, &var)
+    cdef double s1, s2, mean, var, rstd
+    if real is float:
+        lnf_row_sums_f32(x, D, shift, &s1, &s2)
+    else:
+        lnf_row_sums_f64(x, D, shift, &s1, &s2)
+    mean = s1 / D if centered else 0.0
+    var = s2 / D - mean * mean
+    var = 0.0 if var < 0.0 else var      # clamp rounding below zero; NaN stays
+    mean += shift
     rstd = 1.0 / sqrt(var + eps)
     cdef real hi = <real>mean
     cdef real lo = <real>(mean - <double>hi)
     cdef real rs = <real>rstd
-    cdef Py_ssize_t i
-    for i in range(D):
-        y[i] = ((x[i] - hi) - lo) * rs * w[i] + b[i]
+    if centered:
+        if real is float:
+            lnf_row_normalize_f32(x, y, w, b, D, hi, lo, rs, pa, pb)
+        else:
+            lnf_row_normalize_f64(x, y, w, b, D, hi, lo, rs, pa, pb)
+    else:
+        if real is float:
+            lnf_row_scale_f32(x, y, w, D, rs, pa, pb)
+        else:
+            lnf_row_scale_f64(x, y, w, D, rs, pa, pb)
     if mean_out != NULL:
-        mean_out[0] = <real>mean
+        mean_out[0] = hi
     if rstd_out != NULL:
         rstd_out[0] = rs
 
 
 cdef inline void row_backward(const real* x, const real* dy, const real* w,
                               real* dx, double* dw, double* db, Py_ssize_t D,
-                              bint centered, real mean, real rstd) noexcept nogil:
-    """dx of one row, and its dy * xhat and dy added into dw and db.
+                              bint centered, real mean, real rstd,
+                              const real* pa, const real* pb) noexcept nogil:
+    """dx of one row, and its dy * xhat added into dw (and dy into db).
 
     LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
     RMSNorm (centered=False, mean = 0): dx = rstd * (g - xhat * mean(g * xhat)).
@@ -223,49 +258,26 @@ cdef inline void row_backward(const real* x, const real* dy, const real* w,
     c = mean(x - mean) is recovered in float64, so xhat = (x - mean - c) * rstd
     is as accurate as the forward pass even for large common offsets.
     """
-    cdef double sd[LANES]
-    cdef double sg[LANES]
-    cdef double sgd[LANES]
-    cdef real d, g, xh, cr, mg, mgx
-    cdef double c, SG, td, tg, tgd
-    cdef Py_ssize_t i, j, n = D - D % LANES
-    for j in range(LANES):
-        sd[j] = 0.0
-        sg[j] = 0.0
-        sgd[j] = 0.0
-    for i in range(0, n, 8):     # 8 == LANES
-        for j in range(LANES):
-            d = x[i + j] - mean
-            g = dy[i + j] * w[i + j]
-            sd[j] += d
-            sg[j] += g
-            sgd[j] += <double>g * d
-    td = 0.0   # tail sums kept apart, as in row_stats
-    tg = 0.0
-    tgd = 0.0
-    for i in range(n, D):
-        d = x[i] - mean
-        g = dy[i] * w[i]
-        td += d
-        tg += g
-        tgd += <double>g * d
-    SG = lane_sum(sg) + tg
-    c = (lane_sum(sd) + td) / D if centered else 0.0
-    cr = <real>c
-    mg = <real>(SG / D) if centered else 0                    # mean(g)
-    mgx = <real>(rstd * ((lane_sum(sgd) + tgd) - c * SG) / D)  # mean(g * xhat)
-    for i in range(D):
-        xh = ((x[i] - mean) - cr) * rstd
-        dx[i] = rstd * ((dy[i] * w[i] - mg) - xh * mgx)
-        dw[i] += <double>dy[i] * xh
-        db[i] += dy[i]
+    cdef double s[3]        # sum(x - mean), sum(g), sum(g * (x - mean))
+    if real is float:
+        lnf_row_grad_sums_f32(x, dy, w, D, mean, s)
+    else:
+        lnf_row_grad_sums_f64(x, dy, w, D, mean, s)
+    cdef double c = s[0] / D if centered else 0.0
+    cdef real mg = <real>(s[1] / D) if centered else 0        # mean(g)
+    cdef real mgx = <real>(rstd * (s[2] - c * s[1]) / D)      # mean(g * xhat)
+    if real is float:
+        lnf_row_grad_f32(x, dy, w, dx, dw, db, D, mean, <float>c, rstd, mg, mgx, pa, pb)
+    else:
+        lnf_row_grad_f64(x, dy, w, dx, dw, db, D, mean, c, rstd, mg, mgx, pa, pb)
 
 
 cdef inline void add_row(const real* a, const real* b, real* out,
                          Py_ssize_t D) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(D):
-        out[i] = a[i] + b[i]
+    if real is float:
+        lnf_row_add_f32(a, b, out, D)
+    else:
+        lnf_row_add_f64(a, b, out, D)
 
 
 # ---------------------------------------------------------------------------
@@ -280,6 +292,14 @@ cdef struct Rows:
     Py_ssize_t M, D
     double eps
     int nthreads
+
+
+cdef inline const char* next_row(const RowMap* m, Py_ssize_t r, Py_ssize_t end,
+                                 Py_ssize_t itemsize) noexcept nogil:
+    """Row r to prefetch, if it exists and is contiguous (else NULL)."""
+    if r >= end or m.inner != itemsize:
+        return NULL
+    return row_ptr(m, r)
 
 
 cdef inline real* out_row(const RowMap* m, Py_ssize_t r, real* buf) noexcept nogil:
@@ -306,7 +326,10 @@ cdef void forward_rows(const Rows* a, const real* w, const real* b,
             yr = out_row(&a.y, r, buf + 3 * D)
             row_forward(xr, yr, w, b, D, a.eps, a.centered,
                         mean_out + r if mean_out != NULL else NULL,
-                        rstd_out + r if rstd_out != NULL else NULL)
+                        rstd_out + r if rstd_out != NULL else NULL,
+                        <const real*>next_row(&a.x, r + 1, a.M, sizeof(real)),
+                        <const real*>next_row(&a.res, r + 1, a.M, sizeof(real))
+                        if a.has_res else NULL)
             if a.y.inner != sizeof(real):
                 store_row(&a.y, r, D, yr)
 
@@ -315,18 +338,17 @@ cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
                                 double* dw, real* buf) noexcept nogil:
     """Rows r0..r1-1 in order, their dweight/dbias summed into dw[0:D], dw[D:2D]."""
-    cdef Py_ssize_t r, i, D = a.D
-    cdef const real* dzr
+    cdef Py_ssize_t r, D = a.D
     cdef real* dxr
     for r in range(r0, r1):
         dxr = out_row(&a.dx, r, buf + 2 * D)
         row_backward(load_row(&a.x, r, D, buf), load_row(&a.dy, r, D, buf + D),
-                     w, dxr, dw, dw + D, D, a.centered,
-                     mean[r] if a.centered else 0, rstd[r])
+                     w, dxr, dw, dw + D if a.centered else NULL, D, a.centered,
+                     mean[r] if a.centered else 0, rstd[r],
+                     <const real*>next_row(&a.x, r + 1, r1, sizeof(real)),
+                     <const real*>next_row(&a.dy, r + 1, r1, sizeof(real)))
         if a.has_dz:    # the gradient reaching z also flows on unchanged
-            dzr = load_row(&a.dz, r, D, buf + 3 * D)
-            for i in range(D):
-                dxr[i] = dxr[i] + dzr[i]
+            add_row(dxr, load_row(&a.dz, r, D, buf + 3 * D), dxr, D)
         if a.dx.inner != sizeof(real):
             store_row(&a.dx, r, D, dxr)
 

@@ -2,6 +2,8 @@
 allocation, out= handling, weight defaults and the thread and chunk choices.
 Arguments arrive checked (lnfast._checks)."""
 import functools
+import math
+import os
 
 import numpy as np
 
@@ -18,6 +20,37 @@ _MAX_LEAD = 32
 _MAX_CHUNKS = 64
 _MIN_ROWS_PER_CHUNK = 16
 _PARTIALS_BYTES = 16 << 20
+
+
+def _cache_limit_from_env():
+    text = os.environ.get("LNFAST_CACHE_BYTES")
+    if text is None:
+        return 1 << 30
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise ValueError(f"LNFAST_CACHE_BYTES must be an integer >= 0, got {text!r}")
+    return limit
+
+
+_cpu.set_cache_limit(_cache_limit_from_env())
+_CACHE_MIN = _cpu.cache_info()[2]
+
+
+def empty_cache():
+    """Return the cached output buffers to the system (see docs/api.md)."""
+    limit = _cpu.cache_info()[1]
+    _cpu.set_cache_limit(0)
+    _cpu.set_cache_limit(limit)
+
+
+def _empty(shape, dtype):
+    """An output array; large ones reuse buffers of dead lnfast outputs."""
+    if math.prod(shape) * dtype.itemsize >= _CACHE_MIN:
+        return _cpu.empty(shape, dtype)
+    return np.empty(shape, dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -66,11 +99,11 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
     """Normalize the rows of x (of x + residual): returns (y, z, mean, rstd),
     z and the statistics None where not asked for."""
     dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
-    mean = np.empty(lead, dtype) if with_mean else None
-    rstd = np.empty(lead, dtype) if with_rstd else None
-    z = np.empty(x.shape, dtype) if residual is not None else None
+    mean = _empty(lead, dtype) if with_mean else None
+    rstd = _empty(lead, dtype) if with_rstd else None
+    z = _empty(x.shape, dtype) if residual is not None else None
     if out is None:
-        y = target = np.empty(x.shape, dtype)
+        y = target = _empty(x.shape, dtype)
     else:
         y = out
         safe = _writes_safely(out, x, (residual, weight, bias))
@@ -90,7 +123,7 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
     dtype, D = x.dtype, x.shape[-1]
     M = x.size // D
     grad_dtype = dtype if weight is None else weight.dtype
-    dx = np.empty(x.shape, dtype)
+    dx = _empty(x.shape, dtype)
     if M == 0:
         return dx, np.zeros(D, grad_dtype), np.zeros(D, grad_dtype)
     if centered:
