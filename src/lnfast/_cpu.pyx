@@ -13,7 +13,7 @@ not adjacent is gathered into a per-thread buffer first.
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport sqrt
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
 import numpy as np
@@ -353,15 +353,21 @@ cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
             store_row(&a.dx, r, D, dxr)
 
 
+cdef enum:
+    SUM_BLOCK = 512     # columns of the partials one thread adds up at a time
+
+
 cdef inline void sum_partials(const double* part, Py_ssize_t nchunks,
-                              Py_ssize_t width, Py_ssize_t j,
+                              Py_ssize_t width, Py_ssize_t j0, Py_ssize_t j1,
                               double* out) noexcept nogil:
-    """out[j] = sum of part[c, j] over chunks c = 0, 1, ... in that order."""
-    cdef double s = 0.0
-    cdef Py_ssize_t c
-    for c in range(nchunks):
-        s += part[c * width + j]
-    out[j] = s
+    """out[j] = sum of part[c, j] over chunks c = 0, 1, ... in that order,
+    for j0 <= j < j1 (chunk-outer, so the inner loop is contiguous)."""
+    cdef Py_ssize_t c, j
+    for j in range(j0, j1):
+        out[j] = part[j]
+    for c in range(1, nchunks):
+        for j in range(j0, j1):
+            out[j] += part[c * width + j]
 
 
 cdef void backward_rows(const Rows* a, const real* w, const real* mean,
@@ -370,16 +376,20 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible."""
-    cdef Py_ssize_t c, j, M = a.M, D = a.D
+    cdef Py_ssize_t c, k, M = a.M, D = a.D
+    cdef Py_ssize_t nblocks = (2 * D + SUM_BLOCK - 1) // SUM_BLOCK
     cdef real* buf = NULL
     with nogil, parallel(num_threads=a.nthreads, use_threads_if=a.nthreads > 1):
         buf = scratch + 4 * D * omp_get_thread_num() if scratch != NULL else NULL
         for c in prange(nchunks, schedule='static'):
+            memset(partials + 2 * D * c, 0, 2 * D * sizeof(double))
             backward_chunk(a, w, mean, rstd, c * M // nchunks,
                            (c + 1) * M // nchunks, partials + 2 * D * c, buf)
-    for j in prange(2 * D, nogil=True, schedule='static', num_threads=a.nthreads,
-                    use_threads_if=a.nthreads > 1):
-        sum_partials(partials, nchunks, 2 * D, j, dwdb)
+    # Worth threads only when the partials are large.
+    for k in prange(nblocks, nogil=True, schedule='static', num_threads=a.nthreads,
+                    use_threads_if=a.nthreads > 1 and nblocks * nchunks > 256):
+        sum_partials(partials, nchunks, 2 * D, k * SUM_BLOCK,
+                     min((k + 1) * SUM_BLOCK, 2 * D), dwdb)
 
 
 # ---------------------------------------------------------------------------
@@ -453,7 +463,7 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
         a.has_dz = True
         rowmap_init(&a.dz, dz)
     shape[0] = 2 * a.D * nchunks
-    cdef cnp.ndarray partials = cnp.PyArray_ZEROS(1, shape, cnp.NPY_FLOAT64, 0)
+    cdef cnp.ndarray partials = cnp.PyArray_EMPTY(1, shape, cnp.NPY_FLOAT64, 0)
     scratch = row_scratch(&a, x, (x, dy, dz, dx))
     if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),

@@ -12,7 +12,7 @@ _requested = None
 
 # Below this many elements a call runs on the calling thread: waking the
 # thread team costs more than the work.
-PARALLEL_MIN_ELEMENTS = 1 << 15
+PARALLEL_MIN_ELEMENTS = 1 << 13
 
 
 def set_num_threads(n):
