@@ -167,7 +167,7 @@ def _cases(torch, x, r, w, b, dy, with_numpy):
 def run(args):
     shapes = [_shape(s) for s in (args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES))]
     repeat = args.repeat or (5 if args.quick else 21)
-    budget = 1.0 if args.quick else 3.0
+    budget = 0.5 if args.quick else 1.5
     if args.threads is not None:
         lnfast.set_num_threads(args.threads)
     threads = get_num_threads()

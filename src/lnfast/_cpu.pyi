@@ -2,6 +2,7 @@
 from typing import TypedDict
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 class _BuildInfo(TypedDict):
     compiler: str
@@ -10,12 +11,17 @@ class _BuildInfo(TypedDict):
 
 def build_info() -> _BuildInfo: ...
 def omp_max_threads() -> int: ...
-def layer_norm_forward(
-    x: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray,
-    mean: np.ndarray | None, rstd: np.ndarray | None, eps: float, nthreads: int,
+def empty(shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray: ...
+def cache_info() -> tuple[int, int, int]: ...
+def set_cache_limit(limit: int) -> None: ...
+def forward(
+    x: np.ndarray, residual: np.ndarray | None, z: np.ndarray | None, y: np.ndarray,
+    w: np.ndarray, b: np.ndarray, mean: np.ndarray | None, rstd: np.ndarray | None,
+    eps: float, centered: bool, nthreads: int,
 ) -> None: ...
-def layer_norm_backward(
-    dy: np.ndarray, x: np.ndarray, mean: np.ndarray, rstd: np.ndarray,
-    w: np.ndarray, dx: np.ndarray, nchunks: int, nthreads: int,
+def backward(
+    dy: np.ndarray, x: np.ndarray, dz: np.ndarray | None, mean: np.ndarray | None,
+    rstd: np.ndarray, w: np.ndarray, dx: np.ndarray, nchunks: int, centered: bool,
+    nthreads: int,
 ) -> np.ndarray: ...
 def parallel_copy(src: np.ndarray, dst: np.ndarray, nthreads: int) -> None: ...
