@@ -6,7 +6,7 @@ import pytest
 import lnfast
 from lnfast import reference as ref
 
-from conftest import BACKWARD_TOL, DTYPES, FORWARD_TOL
+from tests.helpers import BACKWARD_TOL, DTYPES, FORWARD_TOL
 
 
 def make(rng, shape, dtype):

@@ -13,9 +13,16 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def is_cupy(a):
+    """A CuPy array, recognised without importing CuPy."""
+    t = type(a)
+    return t.__name__ == "ndarray" and t.__module__.partition(".")[0] == "cupy"
+
+
 def array(name, a):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+    if not (isinstance(a, np.ndarray) or is_cupy(a)):
+        raise TypeError(
+            f"{name} must be a numpy.ndarray or cupy.ndarray, got {type(a).__name__}")
     return a
 
 
@@ -82,6 +89,6 @@ def out(o, shape, dtype):
         raise TypeError(f"out must have dtype {dtype}, got {o.dtype}")
     if o.shape != shape:
         raise ValueError(f"out must have shape {shape}, got {o.shape}")
-    if not o.flags.writeable:
+    if not getattr(o.flags, "writeable", True):     # CuPy arrays are always writeable
         raise ValueError("out must be writeable, got a read-only array")
     return o

@@ -14,6 +14,12 @@ except metadata.PackageNotFoundError:  # imported from a source tree
     __version__ = "0+unknown"
 
 
+def _gpu_status():
+    from lnfast import _gpu      # imports CuPy only inside usable()
+
+    return _gpu.usable()[1]
+
+
 def config():
     """The facts show_config() prints, as a dict."""
     build = _cpu.build_info()
@@ -28,7 +34,7 @@ def config():
         "threads": get_num_threads(),
         "output cache": "{:.0f} MiB held, limit {:.0f} MiB".format(
             *(n / 2**20 for n in _cpu.cache_info()[:2])),
-        "gpu": "not available (this version has CPU kernels only)",
+        "gpu": _gpu_status(),
     }
 
 

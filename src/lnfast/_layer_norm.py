@@ -1,5 +1,6 @@
 """LayerNorm and the fused residual-add LayerNorm (SPEC "Functions")."""
-from lnfast import _checks, _kernels
+from lnfast import _checks
+from lnfast._dispatch import backend
 
 
 def _check_forward(x, weight, bias, eps):
@@ -25,7 +26,8 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, out=None):
     eps = _check_forward(x, weight, bias, eps)
     if out is not None:
         _checks.out(out, x.shape, x.dtype)
-    return _kernels.forward(x, weight, bias, eps, centered=True, out=out)[0]
+    kernels = backend("x", x, weight=weight, bias=bias, out=out)
+    return kernels.forward(x, weight, bias, eps, centered=True, out=out)[0]
 
 
 def layer_norm_forward(x, weight=None, bias=None, *, eps=1e-5):
@@ -34,8 +36,9 @@ def layer_norm_forward(x, weight=None, bias=None, *, eps=1e-5):
     mean and rstd have shape x.shape[:-1] and x's dtype.
     """
     eps = _check_forward(x, weight, bias, eps)
-    y, _, mean, rstd = _kernels.forward(x, weight, bias, eps, centered=True,
-                                        with_mean=True, with_rstd=True)
+    kernels = backend("x", x, weight=weight, bias=bias)
+    y, _, mean, rstd = kernels.forward(x, weight, bias, eps, centered=True,
+                                       with_mean=True, with_rstd=True)
     return y, mean, rstd
 
 
@@ -46,7 +49,8 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None):
     `weight` (of `x` when weight is None), accumulated in float64.
     """
     _check_backward(dy, x, mean, rstd, weight, "x")
-    return _kernels.backward(dy, x, mean, rstd, weight, centered=True)
+    kernels = backend("x", x, dy=dy, mean=mean, rstd=rstd, weight=weight)
+    return kernels.backward(dy, x, mean, rstd, weight, centered=True)
 
 
 def add_layer_norm_forward(x, residual, weight=None, bias=None, *, eps=1e-5):
@@ -56,10 +60,9 @@ def add_layer_norm_forward(x, residual, weight=None, bias=None, *, eps=1e-5):
     """
     eps = _check_forward(x, weight, bias, eps)
     _checks.like("residual", residual, x)
-    y, z, mean, rstd = _kernels.forward(x, weight, bias, eps, centered=True,
-                                        residual=residual, with_mean=True,
-                                        with_rstd=True)
-    return y, z, mean, rstd
+    kernels = backend("x", x, residual=residual, weight=weight, bias=bias)
+    return kernels.forward(x, weight, bias, eps, centered=True, residual=residual,
+                           with_mean=True, with_rstd=True)
 
 
 def add_layer_norm_backward(dy, z, mean, rstd, weight=None, *, dz=None):
@@ -72,4 +75,5 @@ def add_layer_norm_backward(dy, z, mean, rstd, weight=None, *, dz=None):
     _check_backward(dy, z, mean, rstd, weight, "z")
     if dz is not None:
         _checks.like("dz", dz, z, "z")
-    return _kernels.backward(dy, z, mean, rstd, weight, centered=True, dz=dz)
+    kernels = backend("z", z, dy=dy, mean=mean, rstd=rstd, weight=weight, dz=dz)
+    return kernels.backward(dy, z, mean, rstd, weight, centered=True, dz=dz)

@@ -1,5 +1,6 @@
 """RMSNorm: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)."""
-from lnfast import _checks, _kernels
+from lnfast import _checks
+from lnfast._dispatch import backend
 
 
 def _check_forward(x, weight, eps):
@@ -13,14 +14,15 @@ def rms_norm(x, weight=None, *, eps=1e-5, out=None):
     eps = _check_forward(x, weight, eps)
     if out is not None:
         _checks.out(out, x.shape, x.dtype)
-    return _kernels.forward(x, weight, None, eps, centered=False, out=out)[0]
+    kernels = backend("x", x, weight=weight, out=out)
+    return kernels.forward(x, weight, None, eps, centered=False, out=out)[0]
 
 
 def rms_norm_forward(x, weight=None, *, eps=1e-5):
     """RMSNorm that also returns rstd (shape x.shape[:-1]): (y, rstd)."""
     eps = _check_forward(x, weight, eps)
-    y, _, _, rstd = _kernels.forward(x, weight, None, eps, centered=False,
-                                     with_rstd=True)
+    kernels = backend("x", x, weight=weight)
+    y, _, _, rstd = kernels.forward(x, weight, None, eps, centered=False, with_rstd=True)
     return y, rstd
 
 
@@ -30,5 +32,6 @@ def rms_norm_backward(dy, x, rstd, weight=None):
     _checks.like("dy", dy, x)
     _checks.stats("rstd", rstd, x.shape[:-1])
     _checks.param("weight", weight, D, x.dtype)
-    dx, dweight, _ = _kernels.backward(dy, x, None, rstd, weight, centered=False)
+    kernels = backend("x", x, dy=dy, rstd=rstd, weight=weight)
+    dx, dweight, _ = kernels.backward(dy, x, None, rstd, weight, centered=False)
     return dx, dweight

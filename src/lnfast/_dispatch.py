@@ -1,0 +1,28 @@
+"""Backend choice by array type, shared by every public function.
+
+NumPy arrays run on the CPU kernels (lnfast._kernels), CuPy arrays on the
+CUDA kernels (lnfast._gpu, which imports CuPy on first use).  Arguments are
+checked (lnfast._checks) before this is asked.
+"""
+from lnfast import _checks
+
+
+def _kind(a):
+    return "cupy.ndarray" if _checks.is_cupy(a) else "numpy.ndarray"
+
+
+def backend(x_name, x, **others):
+    """The kernels module for x's kind; every other array must be the same kind."""
+    kind = _kind(x)
+    for name, a in others.items():
+        if a is not None and _kind(a) != kind:
+            raise TypeError(
+                f"{name} is a {_kind(a)} but {x_name} is a {kind}: "
+                "pass all arrays of one call on the same device")
+    if kind == "cupy.ndarray":
+        from lnfast import _gpu
+
+        return _gpu
+    from lnfast import _kernels
+
+    return _kernels

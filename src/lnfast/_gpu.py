@@ -1,0 +1,234 @@
+"""LayerNorm and RMSNorm on CuPy arrays: the CUDA kernels of kernels/norm.cu.
+
+The same entry points as lnfast._kernels (forward, backward), reached through
+lnfast._dispatch when the arrays are CuPy's.  CuPy is imported here, on the
+first GPU call, never by `import lnfast`.
+"""
+import functools
+import math
+from importlib import resources
+
+import numpy as np
+
+_SOURCE = "kernels/norm.cu"
+
+# dtype -> (element type, type of mean/rstd, type of the partial rows)
+_CTYPES = {
+    np.dtype(np.float32): ("float", "float", "float"),
+    np.dtype(np.float64): ("double", "double", "double"),
+}
+
+_PARTIAL_BYTES = 64 << 20       # cap on the backward pass's partial rows
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _vec_widths(ctype):
+    return (1, 16 // {"float": 4, "double": 8}[ctype])
+
+
+def _name(kernel, dtype, vec, centered):
+    t, s, _ = _CTYPES[dtype]
+    return f"lnf::{kernel}<{t}, {s}, {vec}, {'true' if centered else 'false'}>"
+
+
+def name_expressions():
+    """Every kernel instantiation the module is built with."""
+    names = []
+    for dtype, (t, _, _) in _CTYPES.items():
+        for vec in _vec_widths(t):
+            for centered in (True, False):
+                names.append(_name("norm_forward", dtype, vec, centered))
+                names.append(_name("norm_backward_partial", dtype, vec, centered))
+    names += [f"lnf::norm_backward_reduce<{a}>" for a in sorted({c[2] for c in _CTYPES.values()})]
+    return names
+
+
+def source():
+    """(path, text) of the CUDA source shipped in the package."""
+    path = resources.files("lnfast").joinpath(_SOURCE)
+    return str(path), path.read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id):
+    """The compiled RawModule, one per device."""
+    cp = _cupy()
+    path, text = source()
+    code = f'#line 1 "{path}"\n{text}'      # compiler errors name the .cu file
+    with cp.cuda.Device(device_id):
+        return cp.RawModule(code=code, options=("--std=c++17",),
+                            name_expressions=name_expressions())
+
+
+def _kernel(name):
+    cp = _cupy()
+    return _module(cp.cuda.Device().id).get_function(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id):
+    return _cupy().cuda.Device(device_id).attributes["MultiProcessorCount"]
+
+
+def usable():
+    """(True, description) when CuPy sees a GPU, else (False, why not)."""
+    try:
+        cp = _cupy()
+    except ImportError:
+        return False, "no (CuPy is not installed)"
+    try:
+        if not cp.is_available():
+            return False, f"no (CuPy {cp.__version__} finds no CUDA device)"
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        return True, f"yes (CuPy {cp.__version__}, {name})"
+    except Exception as e:      # a broken driver or runtime: report, don't fail
+        return False, f"no ({type(e).__name__}: {e})"
+
+
+# --- row layout ------------------------------------------------------------
+
+def _rows(arrays, lead_shape):
+    """Leading layout shared by `arrays` (all of shape lead_shape + (D,)):
+    (n0, n1, n2) and each array's element strides (s0, s1, s2, inner), or
+    None when more than three leading axes stay after merging."""
+    itemsize = arrays[0].itemsize
+    strides = [[s // itemsize for s in a.strides] for a in arrays]
+    dims = [k for k, n in enumerate(lead_shape) if n != 1]
+    shape = []
+    per = [[] for _ in arrays]
+    for k in dims:
+        mergeable = shape and all(p[-1] == st[k] * lead_shape[k] for p, st in zip(per, strides))
+        if mergeable:
+            shape[-1] *= lead_shape[k]
+            for p, st in zip(per, strides):
+                p[-1] = st[k]
+        else:
+            shape.append(lead_shape[k])
+            for p, st in zip(per, strides):
+                p.append(st[k])
+    if len(shape) > 3:
+        return None
+    pad = 3 - len(shape)
+    shape = [1] * pad + shape
+    return shape, [[0] * pad + p + [st[-1]] for p, st in zip(per, strides)]
+
+
+def _vector_ok(arrays, row_strides, D, vec):
+    """16-byte accesses are safe: contiguous, aligned rows, D a multiple."""
+    if vec == 1 or D % vec:
+        return False
+    for a, st in zip(arrays, row_strides):
+        if st[3] != 1 or a.data.ptr % 16 or any(s * a.itemsize % 16 for s in st[:3]):
+            return False
+    return True
+
+
+def _threads(D, vec):
+    """Threads per row: a warp for short rows, up to 512 with ~4 packs each."""
+    n = -(-D // (vec * 4))
+    return int(min(512, max(32, -(-n // 32) * 32)))
+
+
+def _row_args(a, st):
+    null = np.uint64(0)
+    if a is None:
+        return [null, np.int64(0), np.int64(0), np.int64(0), np.int64(1)]
+    return [a] + [np.int64(s) for s in st]
+
+
+def _prepare(inputs, lead_shape):
+    """Row layout for the inputs (None entries skipped), copying them to
+    C order in the rare case of more than three unmergeable leading axes."""
+    present = [a for a in inputs if a is not None]
+    layout = _rows(present, lead_shape)
+    if layout is None:
+        cp = _cupy()
+        inputs = [None if a is None else cp.ascontiguousarray(a) for a in inputs]
+        present = [a for a in inputs if a is not None]
+        layout = _rows(present, lead_shape)
+    shape, per = layout
+    it = iter(per)
+    strides = [None if a is None else next(it) for a in inputs]
+    return inputs, shape, strides
+
+
+def _vector(p, value, D, dtype):
+    cp = _cupy()
+    if p is None:
+        return cp.full(D, value, dtype=dtype)
+    return cp.ascontiguousarray(p, dtype=dtype)
+
+
+# --- entry points (the signatures of lnfast._kernels) -----------------------
+
+def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
+            with_mean=False, with_rstd=False):
+    cp = _cupy()
+    dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
+    M = math.prod(lead)
+    stat_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+    mean = cp.empty(lead, stat_dtype) if with_mean else None
+    rstd = cp.empty(lead, stat_dtype) if with_rstd else None
+    z = cp.empty(x.shape, dtype) if residual is not None else None
+    direct = out is not None and out.flags.c_contiguous and (
+        out is x or not any(a is not None and cp.may_share_memory(out, a)
+                            for a in (x, residual, weight, bias)))
+    y = out if direct else cp.empty(x.shape, dtype)
+    if M:
+        (x, residual), n, st = _prepare([x, residual], lead)
+        t = _CTYPES[dtype][0]
+        rows = [a for a in (x, residual) if a is not None]
+        row_st = [s for s in st if s is not None]
+        vec = _vec_widths(t)[1] if _vector_ok(rows, row_st, D, _vec_widths(t)[1]) else 1
+        kernel = _kernel(_name("norm_forward", dtype, vec, centered))
+        grid = int(min(M, 32 * _sm_count(cp.cuda.Device().id)))
+        kernel((grid,), (_threads(D, vec),),
+               (*_row_args(x, st[0]), *_row_args(residual, st[1]),
+                z if z is not None else np.uint64(0), y,
+                _vector(weight, 1.0, D, dtype), _vector(bias, 0.0, D, dtype),
+                mean if mean is not None else np.uint64(0),
+                rstd if rstd is not None else np.uint64(0),
+                np.int64(M), np.int64(D), np.int64(n[1]), np.int64(n[2]), np.float64(eps)))
+    if out is not None and y is not out:
+        out[...] = y
+        y = out
+    return y, z, mean, rstd
+
+
+def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
+    cp = _cupy()
+    dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
+    M = math.prod(lead)
+    grad_dtype = dtype if weight is None else weight.dtype
+    dx = cp.empty(x.shape, dtype)
+    if M == 0:
+        return dx, cp.zeros(D, grad_dtype), cp.zeros(D, grad_dtype)
+    t, s, a = _CTYPES[dtype]
+    stat_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+    (dy, x, dz), n, st = _prepare([dy, x, dz], lead)
+    rows = [v for v in (dy, x, dz) if v is not None]
+    vec = _vec_widths(t)[1]
+    vec = vec if _vector_ok(rows, [v for v in st if v is not None], D, vec) else 1
+    acc_bytes = 8 if a == "double" else 4
+    G = int(max(1, min(M, 2 * _sm_count(cp.cuda.Device().id),
+                       _PARTIAL_BYTES // (2 * D * acc_bytes))))
+    part = cp.empty((G, 2 * D), np.float64 if a == "double" else np.float32)
+    mean_k = cp.ascontiguousarray(mean, dtype=stat_dtype).reshape(M) if centered else None
+    rstd_k = cp.ascontiguousarray(rstd, dtype=stat_dtype).reshape(M)
+    _kernel(_name("norm_backward_partial", dtype, vec, centered))(
+        (G,), (_threads(D, vec),),
+        (*_row_args(dy, st[0]), *_row_args(x, st[1]), *_row_args(dz, st[2]),
+         mean_k if mean_k is not None else np.uint64(0), rstd_k,
+         _vector(weight, 1.0, D, dtype), dx, part,
+         np.int64(M), np.int64(D), np.int64(n[1]), np.int64(n[2])))
+    dwdb = cp.empty((2, D), np.float64)
+    _kernel(f"lnf::norm_backward_reduce<{a}>")(
+        (int(min(-(-2 * D // 256), 4096)),), (256,),
+        (part, np.int64(G), np.int64(2 * D), dwdb))
+    return dx, dwdb[0].astype(grad_dtype), dwdb[1].astype(grad_dtype)

@@ -1,0 +1,275 @@
+// CUDA kernels of lnfast: LayerNorm and RMSNorm, forward and backward, over
+// the last axis.  Built at run time by CuPy's RawModule (lnfast/_gpu.py),
+// which instantiates the templates below with name_expressions.
+//
+// The math is the CPU kernels' (docs/derivation.md): float64 row sums over
+// data shifted by the row's first element, the float64 mean applied as a
+// hi/lo pair, the stored mean used as a shift in the backward pass.  Every
+// reduction runs in a fixed order (a fixed tree in the block, blocks added in
+// order by a second kernel): no atomics, so results repeat bit for bit.
+//
+// Rows: row r of an input sits at   i0 * s0 + i1 * s1 + i2 * s2   elements
+// from its base, where (i0, i1, i2) unravels r over the leading shape
+// (n0, n1, n2); `inner` is the element stride along the row.  Outputs are
+// C-contiguous.  VEC > 1 selects 16-byte loads and stores, for rows that are
+// contiguous and 16-byte aligned; VEC == 1 is the scalar path.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace lnf {
+
+typedef long long i64;
+
+// Float64 accumulation for every input type; partial dweight/dbias rows in
+// float32, or float64 for double inputs.
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ double to_f(double v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// The arithmetic type of a row element: T itself, float for 16-bit types.
+template <typename T> struct Math { typedef T type; };
+template <> struct Math<__half> { typedef float type; };
+template <> struct Math<__nv_bfloat16> { typedef float type; };
+
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+template <typename T> __device__ __forceinline__ T from_d(double v) { return from_f<T>((float)v); }
+template <> __device__ __forceinline__ double from_d<double>(double v) { return v; }
+template <typename T> __device__ __forceinline__ T from_m(typename Math<T>::type v)
+{
+    return from_f<T>(v);
+}
+template <> __device__ __forceinline__ double from_m<double>(double v) { return v; }
+
+// Kernel arguments are scalars (what RawKernel passes): an input's rows come
+// as ROWS(x) = its base pointer and strides, the leading shape as n1, n2.
+#define ROWS(p) const T *__restrict__ p, i64 p##_s0, i64 p##_s1, i64 p##_s2, i64 p##_in
+#define ROW(p, r) (p + row_offset(r, n1, n2, p##_s0, p##_s1, p##_s2))
+
+__device__ __forceinline__ i64 row_offset(i64 r, i64 n1, i64 n2, i64 s0, i64 s1, i64 s2)
+{
+    i64 i2 = r % n2;
+    r /= n2;
+    return (r / n1) * s0 + (r % n1) * s1 + i2 * s2;
+}
+
+// VEC consecutive elements, moved as one 16-byte access when VEC > 1.
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load(const T *row, i64 j, i64 inner)
+{
+    Pack<T, VEC> p;
+    if (VEC > 1) {
+        p = *reinterpret_cast<const Pack<T, VEC> *>(row + j);
+    } else {
+        p.v[0] = row[j * inner];
+    }
+    return p;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store(T *row, i64 j, const Pack<T, VEC> &p)
+{
+    *reinterpret_cast<Pack<T, VEC> *>(row + j) = p;
+}
+
+// Sum of one double per thread over the block, in a fixed order: a butterfly
+// in each warp, then the warps' sums by warp 0.  Every thread gets the total.
+template <int N>
+__device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        for (int off = 16; off > 0; off >>= 1)
+            v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    __syncthreads();            // smem may still be read from the last call
+    if (lane == 0)
+        for (int k = 0; k < N; k++)
+            smem[k * 32 + warp] = v[k];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            double s = lane < nwarps ? smem[k * 32 + lane] : 0.0;
+            for (int off = 16; off > 0; off >>= 1)
+                s += __shfl_xor_sync(0xffffffffu, s, off);
+            if (lane == 0)
+                smem[k * 32] = s;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        v[k] = smem[k * 32];
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one block per row (a grid-stride loop over rows).  With `res`,
+// z = x + res is written first and normalized from there (L1/L2).
+// S is the type of mean and rstd.
+template <typename T, typename S, int VEC, bool CENTERED>
+__global__ void norm_forward(ROWS(x), ROWS(res), T *__restrict__ z, T *__restrict__ y,
+                             const T *__restrict__ w, const T *__restrict__ b,
+                             S *__restrict__ mean_out, S *__restrict__ rstd_out, i64 M,
+                             i64 D, i64 n1, i64 n2, double eps)
+{
+    typedef typename Math<T>::type F;
+    __shared__ double smem[32 * 2];
+    for (i64 r = blockIdx.x; r < M; r += gridDim.x) {
+        const T *xr = ROW(x, r);
+        const T *src = xr;              // the row that is normalized
+        i64 inner = x_in;
+        if (res != nullptr) {
+            const T *rr = ROW(res, r);
+            T *zr = z + r * D;
+            for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+                Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), c = load<T, VEC>(rr, j, res_in);
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    a.v[k] = from_m<T>((F)to_f(a.v[k]) + (F)to_f(c.v[k]));
+                store<T, VEC>(zr, j, a);
+            }
+            __syncthreads();            // z complete before any thread reads it
+            src = zr;
+            inner = 1;
+        }
+        const double shift = CENTERED ? (double)to_f(src[0]) : 0.0;
+        double s[2] = {0.0, 0.0};
+        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+            Pack<T, VEC> a = load<T, VEC>(src, j, inner);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                double d = (double)to_f(a.v[k]) - shift;
+                s[0] += d;
+                s[1] += d * d;
+            }
+        }
+        block_sum<2>(s, smem);
+        double mean = CENTERED ? s[0] / D : 0.0;
+        double var = s[1] / D - mean * mean;
+        var = var < 0.0 ? 0.0 : var;    // clamp rounding below zero; NaN stays
+        mean += shift;
+        const double rstd = 1.0 / sqrt(var + eps);
+        const F hi = (F)mean, lo = (F)(mean - (double)hi), rs = (F)rstd;
+        T *yr = y + r * D;
+        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+            Pack<T, VEC> a = load<T, VEC>(src, j, inner);
+            Pack<T, VEC> wp = load<T, VEC>(w, j, 1), bp = load<T, VEC>(b, j, 1);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                F v = CENTERED ? (((F)to_f(a.v[k]) - hi) - lo) * rs * (F)to_f(wp.v[k])
+                                     + (F)to_f(bp.v[k])
+                               : (F)to_f(a.v[k]) * rs * (F)to_f(wp.v[k]);
+                a.v[k] = from_m<T>(v);
+            }
+            store<T, VEC>(yr, j, a);
+        }
+        if (threadIdx.x == 0) {
+            if (mean_out != nullptr)
+                mean_out[r] = (S)(CENTERED ? (double)hi : 0.0);
+            if (rstd_out != nullptr)
+                rstd_out[r] = (S)rs;
+        }
+        __syncthreads();                // smem and z reused by the next row
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Backward, step 1: block b takes the rows [b M / G, (b + 1) M / G) in order,
+// writes dx (plus dz), and sums dy * xhat and dy into its own partial rows
+// part[b][0:D] and part[b][D:2D].  Each column belongs to one thread, so the
+// partial rows need no atomics and their sums have a fixed order.
+template <typename T, typename S, int VEC, bool CENTERED>
+__global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
+                                      const S *__restrict__ mean, const S *__restrict__ rstd,
+                                      const T *__restrict__ w, T *__restrict__ dx,
+                                      typename Acc<T>::type *__restrict__ part, i64 M, i64 D,
+                                      i64 n1, i64 n2)
+{
+    typedef typename Math<T>::type F;
+    typedef typename Acc<T>::type A;
+    __shared__ double smem[32 * 3];
+    const i64 G = gridDim.x, r0 = blockIdx.x * M / G, r1 = (blockIdx.x + 1) * M / G;
+    A *pw = part + 2 * D * blockIdx.x, *pb = pw + D;
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC)
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            pw[j + k] = pb[j + k] = 0;
+    for (i64 r = r0; r < r1; r++) {
+        const T *xr = ROW(x, r), *dyr = ROW(dy, r);
+        const F m = CENTERED ? (F)mean[r] : (F)0, rs = (F)rstd[r];
+        double s[3] = {0.0, 0.0, 0.0};      // sum(x - m), sum(g), sum(g (x - m))
+        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+            Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
+            Pack<T, VEC> wp = load<T, VEC>(w, j, 1);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                F d = (F)to_f(a.v[k]) - m, gk = (F)to_f(g.v[k]) * (F)to_f(wp.v[k]);
+                s[0] += (double)d;
+                s[1] += (double)gk;
+                s[2] += (double)gk * (double)d;
+            }
+        }
+        block_sum<3>(s, smem);
+        const double c = CENTERED ? s[0] / D : 0.0;
+        const F cr = (F)c;
+        const F mg = CENTERED ? (F)(s[1] / D) : (F)0;
+        const F mgx = (F)((double)rs * (s[2] - c * s[1]) / D);
+        T *dxr = dx + r * D;
+        const T *dzr = dz != nullptr ? ROW(dz, r) : nullptr;
+        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+            Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
+            Pack<T, VEC> wp = load<T, VEC>(w, j, 1), zp, out;
+            if (dzr != nullptr)
+                zp = load<T, VEC>(dzr, j, dz_in);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                F xh = (((F)to_f(a.v[k]) - m) - cr) * rs;
+                F gy = (F)to_f(g.v[k]);
+                F v = rs * ((gy * (F)to_f(wp.v[k]) - mg) - xh * mgx);
+                if (dzr != nullptr)   // the gradient reaching z flows on unchanged
+                    v += (F)to_f(zp.v[k]);
+                out.v[k] = from_m<T>(v);
+                pw[j + k] += (A)(gy * xh);
+                if (CENTERED)
+                    pb[j + k] += (A)gy;
+            }
+            store<T, VEC>(dxr, j, out);
+        }
+    }
+}
+
+// Backward, step 2: out[j] = sum over blocks b = 0, 1, ... of part[b][j], in
+// that order, for the 2 D columns (dweight then dbias), in float64.
+template <typename A>
+__global__ void norm_backward_reduce(const A *__restrict__ part, i64 G, i64 width,
+                                     double *__restrict__ out)
+{
+    for (i64 j = blockIdx.x * (i64)blockDim.x + threadIdx.x; j < width;
+         j += (i64)gridDim.x * blockDim.x) {
+        double s = 0.0;
+        for (i64 b = 0; b < G; b++)
+            s += (double)part[b * width + j];
+        out[j] = s;
+    }
+}
+
+#undef ROW
+#undef ROWS
+
+}  // namespace lnf

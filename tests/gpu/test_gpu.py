@@ -1,0 +1,170 @@
+"""Every function on CuPy arrays, against the float64 reference and the CPU
+kernels, on the CPU tests' cases.  Skipped where CuPy finds no GPU."""
+import numpy as np
+import pytest
+
+import lnfast
+from lnfast import reference as ref
+from tests.helpers import BACKWARD_TOL, DTYPES, FORWARD_TOL
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+
+def gpu(*arrays):
+    return [None if a is None else cp.asarray(a) for a in arrays]
+
+
+def host(*arrays):
+    return [cp.asnumpy(a) for a in arrays]
+
+
+def check_device_results(*arrays):
+    for a in arrays:
+        assert isinstance(a, cp.ndarray) and a.flags.c_contiguous
+
+
+def make(rng, shape, dtype):
+    D = shape[-1]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    w = (rng.standard_normal(D) + 1).astype(dtype)
+    b = rng.standard_normal(D).astype(dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [1, 3, 7, 8, 64, 768, 4097, 16384])
+def test_layer_norm_matches_reference_and_cpu(rng, dtype, D):
+    x, w, b = make(rng, (19, D), dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    gx, gw, gb, gdy = gpu(x, w, b, dy)
+    y, mean, rstd = lnfast.layer_norm_forward(gx, gw, gb)
+    check_device_results(y, mean, rstd)
+    ry, rmean, rrstd = ref.layer_norm_forward(x, w, b)
+    for got, want in zip(host(y, mean, rstd), (ry, rmean, rrstd)):
+        assert ref.rel_error(got, want) <= FORWARD_TOL[dtype]
+    cpu = lnfast.layer_norm_forward(x, w, b)
+    assert ref.rel_error(host(y)[0], cpu[0]) <= FORWARD_TOL[dtype]
+    assert cp.array_equal(lnfast.layer_norm(gx, gw, gb), y)
+
+    dx, dw, db = lnfast.layer_norm_backward(gdy, gx, mean, rstd, gw)
+    check_device_results(dx, dw, db)
+    rdx, rdw, rdb = ref.layer_norm_backward(dy, x, rmean, rrstd, w)
+    for got, want in zip(host(dx, dw, db), (rdx, rdw, rdb)):
+        if D > 2 or want is not rdx:
+            assert ref.rel_error(got, want) <= BACKWARD_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [1, 7, 768, 4097, 16384])
+def test_add_layer_norm_matches_cpu(rng, dtype, D):
+    x, w, b = make(rng, (13, D), dtype)
+    r, dy, dz = (rng.standard_normal(x.shape).astype(dtype) for _ in range(3))
+    gx, gr, gw, gb, gdy, gdz = gpu(x, r, w, b, dy, dz)
+    y, z, mean, rstd = lnfast.add_layer_norm_forward(gx, gr, gw, gb)
+    check_device_results(y, z, mean, rstd)
+    assert cp.array_equal(z, gx + gr)
+    ry, _, _, _ = ref.add_layer_norm_forward(x, r, w, b)
+    assert ref.rel_error(host(y)[0], ry) <= FORWARD_TOL[dtype]
+    dsum, dw, db = lnfast.add_layer_norm_backward(gdy, z, mean, rstd, gw, dz=gdz)
+    zh = host(z)[0]
+    _, zm, zr = ref.layer_norm_forward(zh, w, b)
+    want = ref.add_layer_norm_backward(dy, zh, zm, zr, w, dz)
+    for got, exp in zip(host(dsum, dw, db), want):
+        assert ref.rel_error(got, exp) <= BACKWARD_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [1, 3, 768, 4097, 16384])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_matches_reference(rng, dtype, D, with_weight):
+    x, w, _ = make(rng, (11, D), dtype)
+    w = w if with_weight else None
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    gx, gw, gdy = gpu(x, w, dy)
+    y, rstd = lnfast.rms_norm_forward(gx, gw)
+    ry, rrstd = ref.rms_norm_forward(x, w)
+    assert ref.rel_error(host(y)[0], ry) <= FORWARD_TOL[dtype]
+    assert cp.array_equal(lnfast.rms_norm(gx, gw), y)
+    dx, dw = lnfast.rms_norm_backward(gdy, gx, rstd, gw)
+    rdx, rdw = ref.rms_norm_backward(dy, x, rrstd, w)
+    if D > 1:
+        assert ref.rel_error(host(dx)[0], rdx) <= BACKWARD_TOL[dtype]
+    assert ref.rel_error(host(dw)[0], rdw) <= BACKWARD_TOL[dtype]
+
+
+# The same non-contiguous views of a (6, 5, 80) array, for NumPy and CuPy.
+VIEWS = {
+    "every other element": lambda a: a[:, :, ::2],
+    "negative strides": lambda a: a[::-1, :, ::-2],
+    "transposed leading axes": lambda a: a[..., :40].transpose(1, 0, 2).copy().transpose(1, 0, 2),
+    "feature axis transposed": lambda a: a[..., :40].transpose(2, 0, 1).copy().transpose(1, 2, 0),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_strided_inputs(rng, dtype, view):
+    base = rng.standard_normal((6, 5, 80)).astype(dtype)
+    dy = rng.standard_normal((6, 5, 40)).astype(dtype)
+    w = rng.standard_normal(40).astype(dtype)
+    x, gx = VIEWS[view](base), VIEWS[view](cp.asarray(base))
+    got = lnfast.layer_norm_forward(gx, cp.asarray(w))
+    same = lnfast.layer_norm_forward(cp.ascontiguousarray(gx), cp.asarray(w))
+    cpu = lnfast.layer_norm_forward(x, w)
+    for g, s, c in zip(got, same, cpu):
+        # Bits may differ from the contiguous copy: its rows take 16-byte loads.
+        assert ref.rel_error(host(g)[0], host(s)[0]) <= FORWARD_TOL[dtype]
+        assert ref.rel_error(host(g)[0], c) <= FORWARD_TOL[dtype]
+    back = lnfast.layer_norm_backward(cp.asarray(dy), gx, got[1], got[2], cp.asarray(w))
+    cpu_back = lnfast.layer_norm_backward(dy, x, cpu[1], cpu[2], w)
+    for g, c in zip(back, cpu_back):
+        assert ref.rel_error(host(g)[0], c) <= BACKWARD_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_common_offset(rng, dtype):
+    x = (1e5 + rng.standard_normal((8, 4096))).astype(dtype)
+    y = lnfast.layer_norm(cp.asarray(x))
+    assert ref.rel_error(host(y)[0], ref.layer_norm_forward(x)[0]) <= 1e-6
+
+
+def test_out_in_place_and_zero_rows(rng):
+    x, w, b = make(rng, (16, 256), np.float32)
+    gx = cp.asarray(x)
+    want = lnfast.layer_norm(gx, cp.asarray(w), cp.asarray(b))
+    lnfast.layer_norm(gx, cp.asarray(w), cp.asarray(b), out=gx)
+    assert cp.array_equal(gx, want)
+    out = cp.empty((16, 512), np.float32)[:, ::2]
+    lnfast.layer_norm(cp.asarray(x), cp.asarray(w), cp.asarray(b), out=out)
+    assert cp.array_equal(out, want)
+    empty = cp.empty((0, 32), np.float32)
+    y, mean, rstd = lnfast.layer_norm_forward(empty)
+    dx, dw, db = lnfast.layer_norm_backward(empty, empty, mean, rstd)
+    assert y.shape == (0, 32) and not dw.any() and not db.any()
+
+
+def test_results_repeat_bit_for_bit(rng):
+    x, w, b = make(rng, (4096, 1024), np.float32)
+    gx, gw, gb = gpu(x, w, b)
+    gdy = cp.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    _, mean, rstd = lnfast.layer_norm_forward(gx, gw, gb)
+    first = lnfast.layer_norm_backward(gdy, gx, mean, rstd, gw)
+    for _ in range(3):
+        again = lnfast.layer_norm_backward(gdy, gx, mean, rstd, gw)
+        for a, e in zip(again, first):
+            assert cp.array_equal(a, e)
+
+
+def test_mixing_numpy_and_cupy_is_a_type_error():
+    with pytest.raises(TypeError, match="weight is a numpy.ndarray but x is a cupy.ndarray"):
+        lnfast.layer_norm(cp.ones((2, 4)), np.ones(4))
+    with pytest.raises(TypeError, match="dy is a cupy.ndarray but x is a numpy.ndarray"):
+        x = np.ones((2, 4))
+        _, m, r = lnfast.layer_norm_forward(x)
+        lnfast.layer_norm_backward(cp.asarray(x), x, m, r)
+
+
+def test_show_config_reports_the_gpu(capsys):
+    lnfast.show_config()
+    assert "gpu" in capsys.readouterr().out
