@@ -8,9 +8,12 @@ or value (SPEC "Bad input").
 import math
 import numbers
 
+import ml_dtypes
 import numpy as np
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64)) + HALF_DTYPES
+_FLOAT_NAMES = "float32, float64, float16 or bfloat16"
 
 
 def is_cupy(a):
@@ -30,7 +33,7 @@ def data(name, a):
     """An input holding rows to normalize (x, residual): returns D."""
     array(name, a)
     if a.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype float32 or float64, got {a.dtype}")
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {a.dtype}")
     if a.ndim == 0:
         raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
     if a.shape[-1] == 0:
@@ -68,10 +71,17 @@ def stats(name, s, shape):
     """mean or rstd as returned by a forward pass: float, shape x.shape[:-1]."""
     array(name, s)
     if s.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype float32 or float64, got {s.dtype}")
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {s.dtype}")
     if s.shape != shape:
         raise ValueError(f"{name} must have shape {shape} (x.shape[:-1]), got {s.shape}")
     return s
+
+
+def compute_dtype(dtype):
+    """The arithmetic type of the kernels for data of `dtype`: float32 for
+    the 16-bit types, else the type itself.  mean, rstd and (with
+    weight=None) dweight and dbias have this dtype."""
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
 
 
 def eps(value):

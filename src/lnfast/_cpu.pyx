@@ -92,6 +92,32 @@ def set_cache_limit(size_t limit):
     lnf_pool_set_limit(limit)
 
 
+def convert(cnp.ndarray src, cnp.ndarray dst):
+    """dst[:] = src between 1-D float32 and float16/bfloat16 arrays with the
+    kernels' row conversions (rounding to nearest even).  For tests."""
+    cdef RowMap s, d
+    rowmap_init(&s, src)
+    rowmap_init(&d, dst)
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(src)
+    if cnp.PyArray_NDIM(src) != 1 or cnp.PyArray_SIZE(dst) != n:
+        raise ValueError("src and dst must be 1-D arrays of one size")
+    if s.storage != NATIVE and cnp.PyArray_TYPE(dst) == cnp.NPY_FLOAT32 and d.inner == 4:
+        (lnf_widen_f16 if s.storage == F16 else lnf_widen_bf16)(s.base, s.inner, <float*>d.base, n)
+    elif d.storage != NATIVE and cnp.PyArray_TYPE(src) == cnp.NPY_FLOAT32 and s.inner == 4:
+        (lnf_narrow_f16 if d.storage == F16 else lnf_narrow_bf16)(<float*>s.base, d.base, d.inner, n)
+    else:
+        raise TypeError("one of src, dst must be contiguous float32, the other 16-bit")
+
+
+def half_paths(bint portable):
+    """Make float16 rows use the portable conversion code (True) or the
+    F16C instructions where the CPU has them (False); returns whether F16C
+    is available.  For tests."""
+    global lnf_force_portable
+    lnf_force_portable = portable
+    return bool(lnf_has_f16c())
+
+
 def omp_max_threads():
     """OpenMP's current default team size (1 without OpenMP)."""
     return omp_get_max_threads()
@@ -100,9 +126,16 @@ def omp_max_threads():
 # ---------------------------------------------------------------------------
 # Row addressing: row r of an array with any leading shape and strides.
 
+cdef enum:
+    NATIVE = 0      # rows stored in the compute type (float32 or float64)
+    F16 = 1         # float16 rows, computed in float32
+    BF16 = 2        # bfloat16 rows, computed in float32
+
+
 cdef struct RowMap:
     char* base
     Py_ssize_t inner            # byte stride along the normalized axis
+    int storage                 # NATIVE, F16 or BF16
     int nd                      # leading axes left after collapsing
     Py_ssize_t shape[MAX_LEAD]
     Py_ssize_t stride[MAX_LEAD]
@@ -116,6 +149,9 @@ cdef int rowmap_init(RowMap* m, cnp.ndarray a) except -1:
     cdef cnp.npy_intp* strides = cnp.PyArray_STRIDES(a)
     m.base = <char*>cnp.PyArray_DATA(a)
     m.inner = strides[nd]
+    # The only 16-bit float types accepted are float16 and bfloat16.
+    m.storage = NATIVE if cnp.PyArray_ITEMSIZE(a) != 2 else (
+        F16 if cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT16 else BF16)
     m.nd = 0
     for k in range(nd):                 # outermost first; drop unit axes
         if shape[k] == 1:
@@ -143,25 +179,48 @@ cdef inline char* row_ptr(const RowMap* m, Py_ssize_t r) noexcept nogil:
     return m.base + off
 
 
+cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
+    void lnf_widen_f16(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
+    void lnf_narrow_f16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
+    void lnf_widen_bf16(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
+    void lnf_narrow_bf16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
+    int lnf_force_portable
+    int lnf_has_f16c()
+
+
 cdef inline const real* load_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
                                  real* buf) noexcept nogil:
-    """Row r as a contiguous pointer: the row itself, or a copy in `buf`."""
+    """Row r as a contiguous pointer of the compute type: the row itself, or
+    a copy in `buf` (gathered from strides, or widened from 16 bits)."""
     cdef const char* p = row_ptr(m, r)
     cdef Py_ssize_t i
-    if m.inner == sizeof(real):
-        return <const real*>p
-    for i in range(D):
-        buf[i] = (<const real*>(p + i * m.inner))[0]
+    if m.storage == NATIVE:
+        if m.inner == sizeof(real):
+            return <const real*>p
+        for i in range(D):
+            buf[i] = (<const real*>(p + i * m.inner))[0]
+    elif real is float:
+        if m.storage == F16:
+            lnf_widen_f16(p, m.inner, buf, D)
+        else:
+            lnf_widen_bf16(p, m.inner, buf, D)
     return buf
 
 
 cdef inline void store_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
                            const real* src) noexcept nogil:
-    """Copy a finished row from scratch to a strided destination row."""
+    """Copy a finished row from scratch to its destination row (strided, or
+    16-bit: rounded to nearest even, once)."""
     cdef char* p = row_ptr(m, r)
     cdef Py_ssize_t i
-    for i in range(D):
-        (<real*>(p + i * m.inner))[0] = src[i]
+    if m.storage == NATIVE:
+        for i in range(D):
+            (<real*>(p + i * m.inner))[0] = src[i]
+    elif real is float:
+        if m.storage == F16:
+            lnf_narrow_f16(src, p, m.inner, D)
+        else:
+            lnf_narrow_bf16(src, p, m.inner, D)
 
 
 # ---------------------------------------------------------------------------
@@ -296,14 +355,16 @@ cdef struct Rows:
 
 cdef inline const char* next_row(const RowMap* m, Py_ssize_t r, Py_ssize_t end,
                                  Py_ssize_t itemsize) noexcept nogil:
-    """Row r to prefetch, if it exists and is contiguous (else NULL)."""
-    if r >= end or m.inner != itemsize:
+    """Row r to prefetch, if it exists and is a contiguous row of the compute
+    type (else NULL)."""
+    if r >= end or m.inner != itemsize or m.storage != NATIVE:
         return NULL
     return row_ptr(m, r)
 
 
 cdef inline real* out_row(const RowMap* m, Py_ssize_t r, real* buf) noexcept nogil:
-    return <real*>row_ptr(m, r) if m.inner == sizeof(real) else buf
+    """Where to compute output row r: in place, or in `buf` for store_row."""
+    return <real*>row_ptr(m, r) if m.inner == sizeof(real) and m.storage == NATIVE else buf
 
 
 cdef void forward_rows(const Rows* a, const real* w, const real* b,
@@ -320,9 +381,11 @@ cdef void forward_rows(const Rows* a, const real* w, const real* b,
             if a.has_res:       # z = x + residual, then normalize z from cache
                 zr = out_row(&a.z, r, buf + 2 * D)
                 add_row(xr, load_row(&a.res, r, D, buf + D), zr, D)
-                if a.z.inner != sizeof(real):
-                    store_row(&a.z, r, D, zr)
                 xr = zr
+                if buf != NULL and zr == buf + 2 * D:   # computed in scratch
+                    store_row(&a.z, r, D, zr)
+                    if a.z.storage != NATIVE:   # normalize the z that is returned
+                        xr = load_row(&a.z, r, D, zr)
             yr = out_row(&a.y, r, buf + 3 * D)
             row_forward(xr, yr, w, b, D, a.eps, a.centered,
                         mean_out + r if mean_out != NULL else NULL,
@@ -330,7 +393,7 @@ cdef void forward_rows(const Rows* a, const real* w, const real* b,
                         <const real*>next_row(&a.x, r + 1, a.M, sizeof(real)),
                         <const real*>next_row(&a.res, r + 1, a.M, sizeof(real))
                         if a.has_res else NULL)
-            if a.y.inner != sizeof(real):
+            if buf != NULL and yr == buf + 3 * D:
                 store_row(&a.y, r, D, yr)
 
 
@@ -349,7 +412,7 @@ cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
                      <const real*>next_row(&a.dy, r + 1, r1, sizeof(real)))
         if a.has_dz:    # the gradient reaching z also flows on unchanged
             add_row(dxr, load_row(&a.dz, r, D, buf + 3 * D), dxr, D)
-        if a.dx.inner != sizeof(real):
+        if buf != NULL and dxr == buf + 2 * D:
             store_row(&a.dx, r, D, dxr)
 
 
@@ -411,13 +474,15 @@ cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
     return 0
 
 
-cdef cnp.ndarray row_scratch(const Rows* a, cnp.ndarray x, tuple arrays):
-    """4 rows of per-thread scratch, only when some row is not contiguous."""
+cdef cnp.ndarray row_scratch(const Rows* a, cnp.ndarray w, tuple arrays):
+    """4 rows of per-thread scratch in the compute type (w's), only when some
+    row is not a contiguous row of that type."""
     cdef cnp.npy_intp n = 4 * a.D * a.nthreads
     for arr in arrays:
-        if arr is not None and cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] \
-                != cnp.PyArray_ITEMSIZE(x):
-            return cnp.PyArray_EMPTY(1, &n, cnp.PyArray_TYPE(x), 0)
+        if arr is not None and (
+                cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(w)
+                or cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] != cnp.PyArray_ITEMSIZE(w)):
+            return cnp.PyArray_EMPTY(1, &n, cnp.PyArray_TYPE(w), 0)
     return None
 
 
@@ -425,7 +490,8 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
             cnp.ndarray w, cnp.ndarray b, cnp.ndarray mean, cnp.ndarray rstd,
             double eps, bint centered, int nthreads):
     """y = norm(x + residual) row by row, z = x + residual when residual is
-    not None; mean and rstd stored when not None."""
+    not None; mean and rstd stored when not None.  The compute type is w's
+    (float32 or float64); 16-bit rows are computed in float32."""
     cdef Rows a
     rows_init(&a, x, eps, centered, nthreads)
     rowmap_init(&a.y, y)
@@ -433,8 +499,8 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
         a.has_res = True
         rowmap_init(&a.res, residual)
         rowmap_init(&a.z, z)
-    scratch = row_scratch(&a, x, (x, residual, z, y))
-    if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
+    scratch = row_scratch(&a, w, (x, residual, z, y))
+    if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
         forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
                             <float*>data_or_null(mean), <float*>data_or_null(rstd),
                             <float*>data_or_null(scratch))
@@ -448,7 +514,8 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
              cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx, Py_ssize_t nchunks,
              bint centered, int nthreads):
     """dx (plus dz when not None) into `dx`; returns the float64 array
-    [dweight, dbias] of shape (2, D).  mean is ignored when not centered."""
+    [dweight, dbias] of shape (2, D).  mean is ignored when not centered.
+    The compute type is w's, as in forward()."""
     cdef Rows a
     cdef cnp.npy_intp shape[2]
     rows_init(&a, x, 0.0, centered, nthreads)
@@ -464,8 +531,8 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
         rowmap_init(&a.dz, dz)
     shape[0] = 2 * a.D * nchunks
     cdef cnp.ndarray partials = cnp.PyArray_EMPTY(1, shape, cnp.NPY_FLOAT64, 0)
-    scratch = row_scratch(&a, x, (x, dy, dz, dx))
-    if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
+    scratch = row_scratch(&a, w, (x, dy, dz, dx))
+    if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks,
                              <double*>cnp.PyArray_DATA(partials),

@@ -10,13 +10,18 @@ from importlib import resources
 
 import numpy as np
 
+from lnfast._checks import HALF_DTYPES, compute_dtype
+
 _SOURCE = "kernels/norm.cu"
 
-# dtype -> (element type, type of mean/rstd, type of the partial rows)
+# dtype -> (CUDA element type, CUDA type of mean and rstd)
 _CTYPES = {
-    np.dtype(np.float32): ("float", "float", "float"),
-    np.dtype(np.float64): ("double", "double", "double"),
+    np.dtype(np.float32): ("float", "float"),
+    np.dtype(np.float64): ("double", "double"),
+    HALF_DTYPES[0]: ("__half", "float"),
+    HALF_DTYPES[1]: ("__nv_bfloat16", "float"),
 }
+_REDUCE = "lnf::norm_backward_reduce"
 
 _PARTIAL_BYTES = 64 << 20       # cap on the backward pass's partial rows
 
@@ -27,25 +32,25 @@ def _cupy():
     return cupy
 
 
-def _vec_widths(ctype):
-    return (1, 16 // {"float": 4, "double": 8}[ctype])
+def _vec_widths(dtype):
+    """Elements per access: 1 (scalar path) or a 16-byte pack."""
+    return (1, 16 // dtype.itemsize)
 
 
 def _name(kernel, dtype, vec, centered):
-    t, s, _ = _CTYPES[dtype]
+    t, s = _CTYPES[dtype]
     return f"lnf::{kernel}<{t}, {s}, {vec}, {'true' if centered else 'false'}>"
 
 
 def name_expressions():
     """Every kernel instantiation the module is built with."""
     names = []
-    for dtype, (t, _, _) in _CTYPES.items():
-        for vec in _vec_widths(t):
+    for dtype in _CTYPES:
+        for vec in _vec_widths(dtype):
             for centered in (True, False):
                 names.append(_name("norm_forward", dtype, vec, centered))
                 names.append(_name("norm_backward_partial", dtype, vec, centered))
-    names += [f"lnf::norm_backward_reduce<{a}>" for a in sorted({c[2] for c in _CTYPES.values()})]
-    return names
+    return names + [_REDUCE]
 
 
 def source():
@@ -59,9 +64,10 @@ def _module(device_id):
     """The compiled RawModule, one per device."""
     cp = _cupy()
     path, text = source()
-    code = f'#line 1 "{path}"\n{text}'      # compiler errors name the .cu file
+    # Compiler errors name the .cu file; no FMA contraction, as on the CPU.
+    code = f'#line 1 "{path.replace(chr(92), "/")}"\n{text}'
     with cp.cuda.Device(device_id):
-        return cp.RawModule(code=code, options=("--std=c++17",),
+        return cp.RawModule(code=code, options=("--std=c++17", "--fmad=false"),
                             name_expressions=name_expressions())
 
 
@@ -159,10 +165,12 @@ def _prepare(inputs, lead_shape):
 
 
 def _vector(p, value, D, dtype):
+    """weight or bias as a contiguous, 16-byte aligned vector of `dtype`."""
     cp = _cupy()
     if p is None:
         return cp.full(D, value, dtype=dtype)
-    return cp.ascontiguousarray(p, dtype=dtype)
+    v = cp.ascontiguousarray(p, dtype=dtype)
+    return v if v.data.ptr % 16 == 0 else v.copy()
 
 
 # --- entry points (the signatures of lnfast._kernels) -----------------------
@@ -171,27 +179,31 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
             with_mean=False, with_rstd=False):
     cp = _cupy()
     dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
+    compute = compute_dtype(dtype)
     M = math.prod(lead)
-    stat_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
-    mean = cp.empty(lead, stat_dtype) if with_mean else None
-    rstd = cp.empty(lead, stat_dtype) if with_rstd else None
+    mean = cp.empty(lead, compute) if with_mean else None
+    rstd = cp.empty(lead, compute) if with_rstd else None
     z = cp.empty(x.shape, dtype) if residual is not None else None
-    direct = out is not None and out.flags.c_contiguous and (
-        out is x or not any(a is not None and cp.may_share_memory(out, a)
-                            for a in (x, residual, weight, bias)))
+    # Write straight into `out` when it is an aligned C-ordered array that
+    # overlaps no input, or is exactly x (each element is read before the
+    # thread that reads it writes it).
+    direct = (out is not None and out.flags.c_contiguous and out.data.ptr % 16 == 0
+              and (out is x or not cp.may_share_memory(out, x))
+              and not any(a is not None and cp.may_share_memory(out, a)
+                          for a in (residual, weight, bias)))
     y = out if direct else cp.empty(x.shape, dtype)
     if M:
         (x, residual), n, st = _prepare([x, residual], lead)
-        t = _CTYPES[dtype][0]
         rows = [a for a in (x, residual) if a is not None]
         row_st = [s for s in st if s is not None]
-        vec = _vec_widths(t)[1] if _vector_ok(rows, row_st, D, _vec_widths(t)[1]) else 1
+        vec = _vec_widths(dtype)[1]
+        vec = vec if _vector_ok(rows, row_st, D, vec) else 1
         kernel = _kernel(_name("norm_forward", dtype, vec, centered))
         grid = int(min(M, 32 * _sm_count(cp.cuda.Device().id)))
         kernel((grid,), (_threads(D, vec),),
                (*_row_args(x, st[0]), *_row_args(residual, st[1]),
                 z if z is not None else np.uint64(0), y,
-                _vector(weight, 1.0, D, dtype), _vector(bias, 0.0, D, dtype),
+                _vector(weight, 1.0, D, compute), _vector(bias, 0.0, D, compute),
                 mean if mean is not None else np.uint64(0),
                 rstd if rstd is not None else np.uint64(0),
                 np.int64(M), np.int64(D), np.int64(n[1]), np.int64(n[2]), np.float64(eps)))
@@ -204,31 +216,30 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
 def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
     cp = _cupy()
     dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
+    compute = compute_dtype(dtype)
     M = math.prod(lead)
-    grad_dtype = dtype if weight is None else weight.dtype
+    grad_dtype = compute if weight is None else weight.dtype
     dx = cp.empty(x.shape, dtype)
     if M == 0:
         return dx, cp.zeros(D, grad_dtype), cp.zeros(D, grad_dtype)
-    t, s, a = _CTYPES[dtype]
-    stat_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
     (dy, x, dz), n, st = _prepare([dy, x, dz], lead)
     rows = [v for v in (dy, x, dz) if v is not None]
-    vec = _vec_widths(t)[1]
+    vec = _vec_widths(dtype)[1]
     vec = vec if _vector_ok(rows, [v for v in st if v is not None], D, vec) else 1
-    acc_bytes = 8 if a == "double" else 4
+    # Blocks, each with float64 partial rows: fixed for a shape and a device.
     G = int(max(1, min(M, 2 * _sm_count(cp.cuda.Device().id),
-                       _PARTIAL_BYTES // (2 * D * acc_bytes))))
-    part = cp.empty((G, 2 * D), np.float64 if a == "double" else np.float32)
-    mean_k = cp.ascontiguousarray(mean, dtype=stat_dtype).reshape(M) if centered else None
-    rstd_k = cp.ascontiguousarray(rstd, dtype=stat_dtype).reshape(M)
+                       _PARTIAL_BYTES // (2 * D * 8))))
+    part = cp.empty((G, 2 * D), np.float64)
+    mean_k = cp.ascontiguousarray(mean, dtype=compute).reshape(M) if centered else None
+    rstd_k = cp.ascontiguousarray(rstd, dtype=compute).reshape(M)
     _kernel(_name("norm_backward_partial", dtype, vec, centered))(
         (G,), (_threads(D, vec),),
         (*_row_args(dy, st[0]), *_row_args(x, st[1]), *_row_args(dz, st[2]),
          mean_k if mean_k is not None else np.uint64(0), rstd_k,
-         _vector(weight, 1.0, D, dtype), dx, part,
+         _vector(weight, 1.0, D, compute), dx, part,
          np.int64(M), np.int64(D), np.int64(n[1]), np.int64(n[2])))
     dwdb = cp.empty((2, D), np.float64)
-    _kernel(f"lnf::norm_backward_reduce<{a}>")(
+    _kernel(_REDUCE)(
         (int(min(-(-2 * D // 256), 4096)),), (256,),
         (part, np.int64(G), np.int64(2 * D), dwdb))
     return dx, dwdb[0].astype(grad_dtype), dwdb[1].astype(grad_dtype)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from lnfast import _cpu
+from lnfast._checks import compute_dtype
 from lnfast._threads import threads_for
 
 # The kernels address at most this many (non-mergeable) leading axes; deeper
@@ -99,8 +100,9 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
     """Normalize the rows of x (of x + residual): returns (y, z, mean, rstd),
     z and the statistics None where not asked for."""
     dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
-    mean = _empty(lead, dtype) if with_mean else None
-    rstd = _empty(lead, dtype) if with_rstd else None
+    compute = compute_dtype(dtype)
+    mean = _empty(lead, compute) if with_mean else None
+    rstd = _empty(lead, compute) if with_rstd else None
     z = _empty(x.shape, dtype) if residual is not None else None
     if out is None:
         y = target = _empty(x.shape, dtype)
@@ -110,7 +112,7 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
         target = out if safe else np.empty(x.shape, dtype)
     if x.size:
         _cpu.forward(_kernel_view(x), _kernel_view(residual), z, target,
-                     _vector(weight, 1.0, D, dtype), _vector(bias, 0.0, D, dtype),
+                     _vector(weight, 1.0, D, compute), _vector(bias, 0.0, D, compute),
                      mean, rstd, eps, centered, threads_for(x.size))
     if target is not y:
         np.copyto(y, target)
@@ -119,19 +121,20 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
 
 def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
     """(dx [+ dz], dweight, dbias) for the rows of x; dweight and dbias in the
-    weight's dtype (x's when weight is None)."""
+    weight's dtype (the compute dtype when weight is None)."""
     dtype, D = x.dtype, x.shape[-1]
+    compute = compute_dtype(dtype)
     M = x.size // D
-    grad_dtype = dtype if weight is None else weight.dtype
+    grad_dtype = compute if weight is None else weight.dtype
     dx = _empty(x.shape, dtype)
     if M == 0:
         return dx, np.zeros(D, grad_dtype), np.zeros(D, grad_dtype)
     if centered:
-        mean = np.ascontiguousarray(mean, dtype=dtype).reshape(M)
+        mean = np.ascontiguousarray(mean, dtype=compute).reshape(M)
     dwdb = _cpu.backward(
         _kernel_view(dy), _kernel_view(x), _kernel_view(dz), mean,
-        np.ascontiguousarray(rstd, dtype=dtype).reshape(M),
-        _vector(weight, 1.0, D, dtype), dx, num_chunks(M, D), centered,
+        np.ascontiguousarray(rstd, dtype=compute).reshape(M),
+        _vector(weight, 1.0, D, compute), dx, num_chunks(M, D), centered,
         threads_for(x.size),
     )
     return dx, dwdb[0].astype(grad_dtype), dwdb[1].astype(grad_dtype)

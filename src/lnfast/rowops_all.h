@@ -89,4 +89,6 @@ static inline const char *lnf_simd_runtime(void)
 #undef LNF_T
 #undef LNF_SUFFIX
 
+#include "halfconv.h"
+
 #endif

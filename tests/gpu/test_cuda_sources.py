@@ -28,6 +28,6 @@ def test_kernels_compile(tmp_path, arch):
 
 def test_every_dtype_has_instantiations():
     names = _gpu.name_expressions()
-    for t in ("float", "double"):
+    for t in ("float", "double", "__half", "__nv_bfloat16"):
         for kernel in ("norm_forward", "norm_backward_partial"):
             assert any(n.startswith(f"lnf::{kernel}<{t},") for n in names)

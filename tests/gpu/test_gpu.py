@@ -156,6 +156,36 @@ def test_results_repeat_bit_for_bit(rng):
             assert cp.array_equal(a, e)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("wdtype", ["same", "float32"])
+def test_half_precision(rng, dtype, wdtype):
+    import ml_dtypes
+
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+    wdt = dt if wdtype == "same" else np.dtype(np.float32)
+    u = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    x = rng.standard_normal((37, 1024)).astype(dt)
+    r = rng.standard_normal(x.shape).astype(dt)
+    dy = rng.standard_normal(x.shape).astype(dt)
+    w = (rng.standard_normal(1024) + 1).astype(wdt)
+    b = rng.standard_normal(1024).astype(wdt)
+    gx, gr, gdy, gw, gb = gpu(x, r, dy, w, b)
+    y, mean, rstd = lnfast.layer_norm_forward(gx, gw, gb)
+    assert y.dtype == dt and mean.dtype == rstd.dtype == np.float32
+    ry, rmean, rrstd = ref.layer_norm_forward(x, w, b)
+    assert ref.rel_error(host(y)[0], ry) <= 1.5 * u
+    dx, dw, db = lnfast.layer_norm_backward(gdy, gx, mean, rstd, gw)
+    rdx, rdw, rdb = ref.layer_norm_backward(dy, x, rmean, rrstd, w)
+    assert dx.dtype == dt and dw.dtype == wdt
+    assert ref.rel_error(host(dx)[0], rdx) <= 2 * u
+    gbar = 1e-4 if wdt == np.float32 else u
+    assert ref.rel_error(host(dw)[0], rdw) <= gbar and ref.rel_error(host(db)[0], rdb) <= gbar
+    y2, z, _, _ = lnfast.add_layer_norm_forward(gx, gr, gw, gb)
+    assert cp.array_equal(y2, lnfast.layer_norm(z, gw, gb))
+    yr = lnfast.rms_norm(gx, gw)
+    assert ref.rel_error(host(yr)[0], ref.rms_norm_forward(x, w)[0]) <= 1.5 * u
+
+
 def test_mixing_numpy_and_cupy_is_a_type_error():
     with pytest.raises(TypeError, match="weight is a numpy.ndarray but x is a cupy.ndarray"):
         lnfast.layer_norm(cp.ones((2, 4)), np.ones(4))

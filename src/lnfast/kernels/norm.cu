@@ -21,11 +21,7 @@ namespace lnf {
 
 typedef long long i64;
 
-// Float64 accumulation for every input type; partial dweight/dbias rows in
-// float32, or float64 for double inputs.
-template <typename T> struct Acc { typedef float type; };
-template <> struct Acc<double> { typedef double type; };
-
+// Row sums and the partial dweight/dbias rows are float64 for every type.
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ double to_f(double v) { return v; }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
@@ -53,7 +49,9 @@ template <> __device__ __forceinline__ double from_m<double>(double v) { return 
 
 // Kernel arguments are scalars (what RawKernel passes): an input's rows come
 // as ROWS(x) = its base pointer and strides, the leading shape as n1, n2.
-#define ROWS(p) const T *__restrict__ p, i64 p##_s0, i64 p##_s1, i64 p##_s2, i64 p##_in
+// No __restrict__ here: the forward pass re-reads the z rows it writes, and
+// x may be y (in place), so these loads must not take the read-only path.
+#define ROWS(p) const T *p, i64 p##_s0, i64 p##_s1, i64 p##_s2, i64 p##_in
 #define ROW(p, r) (p + row_offset(r, n1, n2, p##_s0, p##_s1, p##_s2))
 
 __device__ __forceinline__ i64 row_offset(i64 r, i64 n1, i64 n2, i64 s0, i64 s1, i64 s2)
@@ -120,11 +118,13 @@ __device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
 
 // ---------------------------------------------------------------------------
 // Forward: one block per row (a grid-stride loop over rows).  With `res`,
-// z = x + res is written first and normalized from there (L1/L2).
-// S is the type of mean and rstd.
+// z = x + res is written first and normalized from there (L1/L2): the z
+// that is returned, rounded to T.  S is the type of mean and rstd; weight
+// and bias come in the arithmetic type (float for 16-bit T).
 template <typename T, typename S, int VEC, bool CENTERED>
-__global__ void norm_forward(ROWS(x), ROWS(res), T *__restrict__ z, T *__restrict__ y,
-                             const T *__restrict__ w, const T *__restrict__ b,
+__global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
+                             const typename Math<T>::type *__restrict__ w,
+                             const typename Math<T>::type *__restrict__ b,
                              S *__restrict__ mean_out, S *__restrict__ rstd_out, i64 M,
                              i64 D, i64 n1, i64 n2, double eps)
 {
@@ -169,12 +169,11 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *__restrict__ z, T *__restric
         T *yr = y + r * D;
         for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
             Pack<T, VEC> a = load<T, VEC>(src, j, inner);
-            Pack<T, VEC> wp = load<T, VEC>(w, j, 1), bp = load<T, VEC>(b, j, 1);
+            Pack<F, VEC> wp = load<F, VEC>(w, j, 1), bp = load<F, VEC>(b, j, 1);
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                F v = CENTERED ? (((F)to_f(a.v[k]) - hi) - lo) * rs * (F)to_f(wp.v[k])
-                                     + (F)to_f(bp.v[k])
-                               : (F)to_f(a.v[k]) * rs * (F)to_f(wp.v[k]);
+                F v = CENTERED ? (((F)to_f(a.v[k]) - hi) - lo) * rs * wp.v[k] + bp.v[k]
+                               : (F)to_f(a.v[k]) * rs * wp.v[k];
                 a.v[k] = from_m<T>(v);
             }
             store<T, VEC>(yr, j, a);
@@ -197,12 +196,12 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *__restrict__ z, T *__restric
 template <typename T, typename S, int VEC, bool CENTERED>
 __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
                                       const S *__restrict__ mean, const S *__restrict__ rstd,
-                                      const T *__restrict__ w, T *__restrict__ dx,
-                                      typename Acc<T>::type *__restrict__ part, i64 M, i64 D,
-                                      i64 n1, i64 n2)
+                                      const typename Math<T>::type *__restrict__ w,
+                                      T *__restrict__ dx, double *__restrict__ part, i64 M,
+                                      i64 D, i64 n1, i64 n2)
 {
     typedef typename Math<T>::type F;
-    typedef typename Acc<T>::type A;
+    typedef double A;
     __shared__ double smem[32 * 3];
     const i64 G = gridDim.x, r0 = blockIdx.x * M / G, r1 = (blockIdx.x + 1) * M / G;
     A *pw = part + 2 * D * blockIdx.x, *pb = pw + D;
@@ -216,10 +215,10 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
         double s[3] = {0.0, 0.0, 0.0};      // sum(x - m), sum(g), sum(g (x - m))
         for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
             Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
-            Pack<T, VEC> wp = load<T, VEC>(w, j, 1);
+            Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                F d = (F)to_f(a.v[k]) - m, gk = (F)to_f(g.v[k]) * (F)to_f(wp.v[k]);
+                F d = (F)to_f(a.v[k]) - m, gk = (F)to_f(g.v[k]) * wp.v[k];
                 s[0] += (double)d;
                 s[1] += (double)gk;
                 s[2] += (double)gk * (double)d;
@@ -234,20 +233,21 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
         const T *dzr = dz != nullptr ? ROW(dz, r) : nullptr;
         for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
             Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
-            Pack<T, VEC> wp = load<T, VEC>(w, j, 1), zp, out;
+            Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
+            Pack<T, VEC> zp, out;
             if (dzr != nullptr)
                 zp = load<T, VEC>(dzr, j, dz_in);
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 F xh = (((F)to_f(a.v[k]) - m) - cr) * rs;
                 F gy = (F)to_f(g.v[k]);
-                F v = rs * ((gy * (F)to_f(wp.v[k]) - mg) - xh * mgx);
+                F v = rs * ((gy * wp.v[k] - mg) - xh * mgx);
                 if (dzr != nullptr)   // the gradient reaching z flows on unchanged
                     v += (F)to_f(zp.v[k]);
                 out.v[k] = from_m<T>(v);
-                pw[j + k] += (A)(gy * xh);
+                pw[j + k] += (double)gy * (double)xh;
                 if (CENTERED)
-                    pb[j + k] += (A)gy;
+                    pb[j + k] += (double)gy;
             }
             store<T, VEC>(dxr, j, out);
         }
@@ -256,15 +256,14 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
 
 // Backward, step 2: out[j] = sum over blocks b = 0, 1, ... of part[b][j], in
 // that order, for the 2 D columns (dweight then dbias), in float64.
-template <typename A>
-__global__ void norm_backward_reduce(const A *__restrict__ part, i64 G, i64 width,
+__global__ void norm_backward_reduce(const double *__restrict__ part, i64 G, i64 width,
                                      double *__restrict__ out)
 {
     for (i64 j = blockIdx.x * (i64)blockDim.x + threadIdx.x; j < width;
          j += (i64)gridDim.x * blockDim.x) {
         double s = 0.0;
         for (i64 b = 0; b < G; b++)
-            s += (double)part[b * width + j];
+            s += part[b * width + j];
         out[j] = s;
     }
 }

@@ -1,0 +1,231 @@
+"""float16 and bfloat16 inputs: float32 arithmetic inside, outputs rounded
+once to the input dtype, statistics and default gradients in float32."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lnfast
+from lnfast import _cpu
+from lnfast import reference as ref
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+HALVES = [F16, BF16]
+UNIT_ROUNDOFF = {F16: 2.0**-11, BF16: 2.0**-8}
+
+
+def ids(dt):
+    return np.dtype(dt).name
+
+
+# --- the row conversions ------------------------------------------------------
+
+@pytest.fixture(params=[False, True], ids=["dispatched", "portable"])
+def conversion_path(request):
+    _cpu.half_paths(request.param)
+    yield request.param
+    _cpu.half_paths(False)
+
+
+def special_floats(rng):
+    """float32 values over every exponent, with halfway cases for both types."""
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[~np.isnan(x)]
+    halves = np.arange(2**16, dtype=np.uint32)
+    f16 = halves.astype(np.uint16).view(np.float16).astype(np.float32)
+    f16 = f16[np.isfinite(f16)]
+    ties16 = (f16[:-1] + np.diff(f16) / 2).astype(np.float32)    # exact midpoints
+    bf = (halves << 16).view(np.float32)
+    bf = bf[np.isfinite(bf)]
+    tiesbf = ((halves << 16) | 0x8000).view(np.float32)           # exact midpoints
+    tiny = np.array([6.0e-8, 5.96e-8, 2.98e-8, 1e-45, -1e-45, 65504, 65519.99, 65520,
+                     3.4e38, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    return np.concatenate([x, f16, ties16, tiesbf[np.isfinite(tiesbf)], tiny])
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_narrowing_rounds_to_nearest_even(rng, dtype, conversion_path):
+    src = special_floats(rng)
+    got = np.empty(src.size, dtype)
+    _cpu.convert(src, got)
+    with np.errstate(over="ignore"):
+        want = src.astype(dtype)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_widening_is_exact(dtype, conversion_path):
+    src = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    got = np.empty(src.size, np.float32)
+    _cpu.convert(src, got)
+    want = src.astype(np.float32)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_nan_stays_nan_and_strided_rows_convert(rng, dtype, conversion_path):
+    src = np.array([np.nan, -np.nan, 1.0, 2.5], np.float32)
+    got = np.empty(4, dtype)
+    _cpu.convert(src, got)
+    assert np.isnan(got[:2].astype(np.float32)).all()
+    wide = np.zeros(8, dtype)
+    _cpu.convert(src, wide[::2])                         # strided destination
+    assert np.array_equal(wide[::2].astype(np.float32)[2:], [1.0, 2.5])
+    back = np.empty(4, np.float32)
+    _cpu.convert(wide[::2], back)                        # strided source
+    assert np.array_equal(back[2:], [1.0, 2.5])
+
+
+# --- every function -----------------------------------------------------------
+
+def make(rng, shape, dtype, wdtype):
+    D = shape[-1]
+    x = rng.standard_normal(shape).astype(dtype)
+    w = (rng.standard_normal(D) + 1).astype(wdtype)
+    b = rng.standard_normal(D).astype(wdtype)
+    return x, w, b
+
+
+def check_grads(got, want, dtype, wdtype):
+    """dweight/dbias: 1e-4 when float32; one rounding to a 16-bit weight dtype."""
+    bar = 1e-4 if wdtype == np.float32 else UNIT_ROUNDOFF[np.dtype(wdtype)]
+    for g, w in zip(got, want):
+        assert g.dtype == wdtype
+        assert ref.rel_error(g, w) <= bar
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("wkind", ["same", "float32"])
+@pytest.mark.parametrize("D", [3, 64, 1000, 4097])
+def test_layer_norm(rng, dtype, wkind, D):
+    wdtype = dtype if wkind == "same" else np.dtype(np.float32)
+    u = UNIT_ROUNDOFF[dtype]
+    x, w, b = make(rng, (33, D), dtype, wdtype)
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, b)
+    assert y.dtype == dtype and mean.dtype == rstd.dtype == np.float32
+    ry, rmean, rrstd = ref.layer_norm_forward(x, w, b)
+    assert ref.rel_error(y, ry) <= 1.5 * u
+    assert ref.rel_error(rstd, rrstd) <= 1e-6
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd, w)
+    rdx, rdw, rdb = ref.layer_norm_backward(dy, x, rmean, rrstd, w)
+    assert dx.dtype == dtype
+    assert ref.rel_error(dx, rdx) <= 2 * u
+    check_grads((dw, db), (rdw, rdb), dtype, wdtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_rounded_once_from_the_float32_computation(rng, dtype):
+    # The 16-bit path is the float32 kernel on the widened rows, rounded once.
+    x, w, b = make(rng, (40, 300), dtype, np.float32)
+    x32 = x.astype(np.float32)
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, b)
+    y32, mean32, rstd32 = lnfast.layer_norm_forward(x32, w, b)
+    assert np.array_equal(y.view(np.uint16), y32.astype(dtype).view(np.uint16))
+    assert np.array_equal(mean, mean32) and np.array_equal(rstd, rstd32)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd, w)
+    dx32, dw32, db32 = lnfast.layer_norm_backward(dy.astype(np.float32), x32, mean, rstd, w)
+    assert np.array_equal(dx.view(np.uint16), dx32.astype(dtype).view(np.uint16))
+    assert np.array_equal(dw, dw32) and np.array_equal(db, db32)
+    yr = lnfast.rms_norm(x, w)
+    assert np.array_equal(yr.view(np.uint16), lnfast.rms_norm(x32, w).astype(dtype).view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("wkind", ["same", "float32", "none"])
+def test_add_layer_norm(rng, dtype, wkind):
+    wdtype = {"same": dtype, "float32": np.dtype(np.float32), "none": None}[wkind]
+    u = UNIT_ROUNDOFF[dtype]
+    x, w, b = make(rng, (21, 512), dtype, wdtype or np.float32)
+    if wdtype is None:
+        w = b = None
+    r = rng.standard_normal(x.shape).astype(dtype)
+    y, z, mean, rstd = lnfast.add_layer_norm_forward(x, r, w, b)
+    assert y.dtype == z.dtype == dtype and mean.dtype == np.float32
+    assert np.array_equal(z.view(np.uint16),
+                          (x.astype(np.float32) + r.astype(np.float32)).astype(dtype).view(np.uint16))
+    # y normalizes the z that is returned.
+    assert np.array_equal(y.view(np.uint16), lnfast.layer_norm(z, w, b).view(np.uint16))
+    ry, _, _ = ref.layer_norm_forward(z, w, b)
+    assert ref.rel_error(y, ry) <= 1.5 * u
+    dy, dz = (rng.standard_normal(x.shape).astype(dtype) for _ in range(2))
+    dsum, dw, db = lnfast.add_layer_norm_backward(dy, z, mean, rstd, w, dz=dz)
+    _, zm, zr = ref.layer_norm_forward(z, w, b)
+    rdsum, rdw, rdb = ref.add_layer_norm_backward(dy, z, zm, zr, w, dz)
+    assert dsum.dtype == dtype and ref.rel_error(dsum, rdsum) <= 2 * u
+    check_grads((dw, db), (rdw, rdb), dtype, wdtype or np.dtype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("wkind", ["same", "float32", "none"])
+def test_rms_norm(rng, dtype, wkind):
+    wdtype = {"same": dtype, "float32": np.dtype(np.float32), "none": None}[wkind]
+    u = UNIT_ROUNDOFF[dtype]
+    x = rng.standard_normal((25, 768)).astype(dtype)
+    w = None if wdtype is None else (rng.standard_normal(768) + 1).astype(wdtype)
+    y, rstd = lnfast.rms_norm_forward(x, w)
+    assert y.dtype == dtype and rstd.dtype == np.float32
+    ry, rrstd = ref.rms_norm_forward(x, w)
+    assert ref.rel_error(y, ry) <= 1.5 * u
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    dx, dw = lnfast.rms_norm_backward(dy, x, rstd, w)
+    rdx, rdw = ref.rms_norm_backward(dy, x, rrstd, w)
+    assert ref.rel_error(dx, rdx) <= 2 * u
+    check_grads((dw,), (rdw,), dtype, wdtype or np.dtype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_strided_and_in_place(rng, dtype):
+    base = rng.standard_normal((8, 3, 128)).astype(dtype)
+    x = base[::-1, :, ::2]
+    w = rng.standard_normal(64).astype(np.float32)
+    want = lnfast.layer_norm(np.ascontiguousarray(x), w)
+    assert np.array_equal(lnfast.layer_norm(x, w).view(np.uint16), want.view(np.uint16))
+    lnfast.layer_norm(x, w, out=x)
+    assert np.array_equal(x.view(np.uint16), want.view(np.uint16))
+
+
+def test_overflow_gives_inf_in_that_row_only():
+    x = np.tile(np.array([1, -1], np.float16), (3, 32))    # xhat = +-1 everywhere
+    x[1, 0] = 40                                  # row 1: one xhat near 7.9
+    w = np.full(64, 30000, np.float16)            # 7.9 * 30000 > 65504
+    y = lnfast.layer_norm(x, w).astype(np.float32)
+    assert np.isinf(y[1, 0]) and np.isfinite(y[1, 1:]).all()
+    assert np.isfinite(y[[0, 2]]).all()
+    # z = x + residual past the maximum: that row's z is inf and its y NaN.
+    big = np.zeros((3, 16), np.float16)
+    big[2] = 60000
+    y, z, _, _ = lnfast.add_layer_norm_forward(big, big)
+    assert np.isinf(z[2].astype(np.float32)).all() and np.isnan(y[2].astype(np.float32)).all()
+    assert np.isfinite(y[:2].astype(np.float32)).all()
+
+
+# Not bfloat16 with eps=0: its subnormals are float32 subnormals, and their
+# rstd (~1e39) is past float32's range, as for float32 data (docs/api.md).
+@pytest.mark.parametrize("dtype,eps", [(F16, 1e-5), (F16, 0.0), (BF16, 1e-5)],
+                         ids=["float16", "float16-eps0", "bfloat16"])
+def test_subnormal_inputs(rng, dtype, eps):
+    tiny = float((ml_dtypes.finfo if dtype == BF16 else np.finfo)(dtype).smallest_normal)
+    x = (rng.standard_normal((6, 256)) * tiny / 8).astype(dtype)
+    assert (np.abs(x.astype(np.float32)) < tiny).all() and (x.astype(np.float32) != 0).any()
+    u = UNIT_ROUNDOFF[dtype]
+    y = lnfast.layer_norm(x, eps=eps)
+    assert ref.rel_error(y, ref.layer_norm_forward(x, eps=eps)[0]) <= 1.5 * u
+    yr = lnfast.rms_norm(x, eps=eps)
+    assert ref.rel_error(yr, ref.rms_norm_forward(x, eps=eps)[0]) <= 1.5 * u
+
+
+def test_bad_16bit_combinations(rng):
+    x = rng.standard_normal((2, 8)).astype(np.float16)
+    with pytest.raises(TypeError, match="weight"):
+        lnfast.layer_norm(x, np.ones(8, BF16))          # neither x's dtype nor float32
+    with pytest.raises(TypeError, match="weight"):
+        lnfast.layer_norm(x, np.ones(8, np.float64))
+    with pytest.raises(TypeError, match="dy"):
+        _, m, r = lnfast.layer_norm_forward(x)
+        lnfast.layer_norm_backward(x.astype(BF16), x, m, r)
+    with pytest.raises(TypeError, match="out"):
+        lnfast.layer_norm(x, out=np.empty((2, 8), np.float32))
