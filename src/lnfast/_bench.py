@@ -15,7 +15,11 @@ import numpy as np
 
 import lnfast
 from lnfast import _cpu
+from lnfast._checks import HALF_DTYPES, compute_dtype
 from lnfast._threads import get_num_threads
+
+DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+          "float16": HALF_DTYPES[0], "bfloat16": HALF_DTYPES[1]}
 
 DEFAULT_SHAPES = ["8192x1024", "65536x768", "4096x4096", "1024x65536",
                   "1x768", "32x768", "256x1024"]
@@ -26,8 +30,8 @@ EPS = 1e-5
 def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="small shapes, few repeats (<30 s)")
     p.add_argument("--shapes", nargs="+", metavar="MxD", help=f"default: {' '.join(DEFAULT_SHAPES)}")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
-                   choices=["float32", "float64"])
+    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
+                   help="default: all four")
     p.add_argument("--threads", type=int, default=None, help="lnfast and torch threads")
     p.add_argument("--repeat", type=int, default=None, help="timed calls per case")
     p.add_argument("--functions", nargs="+", choices=["layer_norm", "add_layer_norm", "rms_norm"],
@@ -86,29 +90,41 @@ TRAFFIC = {"layer_norm forward": 2, "layer_norm backward": 3,
            "rms_norm forward": 2, "rms_norm backward": 3}
 
 
+# NumPy as its users write it: in the data's dtype, or in float32 for the
+# 16-bit types (NumPy has no bfloat16 arithmetic of its own), cast back.
+
+def _wide(*arrays):
+    return [a.astype(compute_dtype(a.dtype), copy=False) for a in arrays]
+
+
 def _numpy_forward(x, w, b):
-    mean = x.mean(axis=-1, keepdims=True)
-    xc = x - mean
+    xw, w, b = _wide(x, w, b)
+    mean = xw.mean(axis=-1, keepdims=True)
+    xc = xw - mean
     var = (xc * xc).mean(axis=-1, keepdims=True)
-    return xc / np.sqrt(var + EPS) * w + b
+    return (xc / np.sqrt(var + EPS) * w + b).astype(x.dtype, copy=False)
 
 
 def _numpy_backward(dy, x, mean, rstd, w):
-    xhat = (x - mean[:, None]) * rstd[:, None]
-    g = dy * w
+    dyw, xw, w = _wide(dy, x, w)
+    xhat = (xw - mean[:, None]) * rstd[:, None]
+    g = dyw * w
     dx = rstd[:, None] * (g - g.mean(-1, keepdims=True)
                           - xhat * (g * xhat).mean(-1, keepdims=True))
-    return dx, (dy * xhat).sum(0), dy.sum(0)
+    return dx.astype(x.dtype, copy=False), (dyw * xhat).sum(0), dyw.sum(0)
 
 
 def _numpy_rms_forward(x, w):
-    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + EPS) * w
+    xw, w = _wide(x, w)
+    return (xw / np.sqrt((xw * xw).mean(axis=-1, keepdims=True) + EPS) * w).astype(x.dtype, copy=False)
 
 
 def _numpy_rms_backward(dy, x, rstd, w):
-    xhat = x * rstd[:, None]
-    g = dy * w
-    return rstd[:, None] * (g - xhat * (g * xhat).mean(-1, keepdims=True)), (dy * xhat).sum(0)
+    dyw, xw, w = _wide(dy, x, w)
+    xhat = xw * rstd[:, None]
+    g = dyw * w
+    dx = rstd[:, None] * (g - xhat * (g * xhat).mean(-1, keepdims=True))
+    return dx.astype(x.dtype, copy=False), (dyw * xhat).sum(0)
 
 
 def _torch():
@@ -117,6 +133,12 @@ def _torch():
     except ImportError:
         return None
     return torch
+
+
+def _to_torch(torch, a):
+    if a.dtype == HALF_DTYPES[1]:      # torch cannot read ml_dtypes' bfloat16
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _cases(torch, x, r, w, b, dy, with_numpy):
@@ -147,9 +169,9 @@ def _cases(torch, x, r, w, b, dy, with_numpy):
         cases[("rms_norm forward", "numpy")] = lambda: _numpy_rms_forward(x, w)
         cases[("rms_norm backward", "numpy")] = lambda: _numpy_rms_backward(dy, x, rms_rstd, w)
     if torch is not None:
-        tx, tr, tw, tb, tdy, tz = (torch.from_numpy(a) for a in (x, r, w, b, dy, z))
-        tmean, trstd = (torch.from_numpy(a).reshape(-1, 1) for a in (mean, rstd))
+        tx, tr, tw, tb, tdy, tz = (_to_torch(torch, a) for a in (x, r, w, b, dy, z))
         aten = torch.ops.aten
+        _, tmean, trstd = aten.native_layer_norm(tx, [D], tw, tb, EPS)
         mask = [True, True, True]
         cases[("layer_norm forward", "torch")] = lambda: aten.native_layer_norm(
             tx, [D], tw, tb, EPS)
@@ -180,11 +202,9 @@ def run(args):
     total = len(shapes) * len(args.dtypes)
     for k, ((M, D), dtype) in enumerate(((s, t) for s in shapes for t in args.dtypes), 1):
         print(f"\r[{k}/{total}] {M}x{D} {dtype} ...", end="", file=sys.stderr, flush=True)
-        x = rng.standard_normal((M, D)).astype(dtype)
-        dy = rng.standard_normal((M, D)).astype(dtype)
-        r = rng.standard_normal((M, D)).astype(dtype)
-        w = rng.standard_normal(D).astype(dtype)
-        b = rng.standard_normal(D).astype(dtype)
+        dt = DTYPES[dtype]
+        x, dy, r = (rng.standard_normal((M, D), np.float32).astype(dt) for _ in range(3))
+        w, b = (rng.standard_normal(D, np.float32).astype(dt) for _ in range(2))
         dst = np.empty_like(x)
         copy_s = _median_seconds(lambda: _cpu.parallel_copy(x, dst, threads), repeat, budget)
         del dst

@@ -3,9 +3,12 @@ import numpy as np
 
 import lnfast
 from lnfast import reference as ref
+from lnfast._checks import HALF_DTYPES
 
-# (forward bar, backward bar) per dtype: the SPEC's accuracy targets.
-BARS = {np.float32: (2e-6, 2e-5), np.float64: (1e-12, 1e-10)}
+# (forward bar, backward bar) per dtype: the accuracy targets.  16-bit types:
+# 1.5 u for outputs and 2 u for gradients, u the dtype's unit roundoff.
+BARS = {np.dtype(np.float32): (2e-6, 2e-5), np.dtype(np.float64): (1e-12, 1e-10),
+        HALF_DTYPES[0]: (1.5 * 2**-11, 2 * 2**-11), HALF_DTYPES[1]: (1.5 * 2**-8, 2 * 2**-8)}
 
 
 def _compare(function, dtype, shape, names, got, want, bar):
@@ -14,15 +17,17 @@ def _compare(function, dtype, shape, names, got, want, bar):
 
 
 def _cases(rng):
-    """Yield (function, dtype, shape, output, error, bar) for every output."""
-    for dtype in (np.float32, np.float64):
+    """Yield (function, dtype, shape, output, error, bar) for every output.
+    16-bit inputs get float32 weights: dweight then comes back in float32."""
+    for dtype in BARS:
         fbar, bbar = BARS[dtype]
+        wdtype = np.float32 if dtype in HALF_DTYPES else dtype
         for shape in [(64, 768), (3, 5, 4097), (1000, 7)]:
             D = shape[-1]
-            x, r, dy, dz = (rng.standard_normal(shape).astype(dtype) * 2 + 1
+            x, r, dy, dz = ((rng.standard_normal(shape) * 2 + 1).astype(dtype)
                             for _ in range(4))
-            w = (rng.standard_normal(D) + 1).astype(dtype)
-            b = rng.standard_normal(D).astype(dtype)
+            w = (rng.standard_normal(D) + 1).astype(wdtype)
+            b = rng.standard_normal(D).astype(wdtype)
             case = (dtype, shape)
 
             ry, rmean, rrstd = ref.layer_norm_forward(x, w, b)
@@ -66,12 +71,12 @@ def run(seed=None):
     rows = [(f, np.dtype(t).name, "x".join(map(str, s)), q, e, bar, e <= bar)
             for f, t, s, q, e, bar in _cases(rng)]
     header = ("function", "dtype", "shape", "output", "rel. error", "bar", "result")
-    widths = [max(len(header[0]), *(len(r[0]) for r in rows)), 7, 10, 7, 10, 8, 6]
+    widths = [max(len(header[0]), *(len(r[0]) for r in rows)), 8, 10, 7, 10, 8, 6]
     line = "  ".join(f"{h:<{w}}" for h, w in zip(header, widths))
     print(line)
     print("-" * len(line))
     for f, t, s, q, e, bar, ok in rows:
-        print(f"{f:<{widths[0]}}  {t:<7}  {s:<10}  {q:<7}  {e:<10.2e}  {bar:<8.0e}  "
+        print(f"{f:<{widths[0]}}  {t:<8}  {s:<10}  {q:<7}  {e:<10.2e}  {bar:<8.1e}  "
               f"{'pass' if ok else 'FAIL'}")
     failed = sum(not r[-1] for r in rows)
     print(f"\n{len(rows) - failed} passed, {failed} failed")
