@@ -42,3 +42,12 @@ def test_bench_prints_a_table_and_writes_json(tmp_path):
 def test_bench_rejects_a_bad_shape():
     p = run("bench", "--shapes", "64by256")
     assert p.returncode != 0 and "MxD" in p.stderr
+
+
+def test_bench_gpu_explains_what_it_needs():
+    # Without CuPy or a device, a clear message and a non-zero exit status.
+    p = subprocess.run([sys.executable, "-c",
+                        "import sys; sys.modules['cupy'] = None\n"
+                        "from lnfast.__main__ import main; sys.exit(main(['bench', '--gpu']))"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "bench --gpu needs CuPy" in p.stderr

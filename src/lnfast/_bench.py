@@ -39,6 +39,8 @@ def add_arguments(p):
     p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--gpu", action="store_true",
+                   help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
 
 
 def _shape(text):
@@ -187,6 +189,10 @@ def _cases(torch, x, r, w, b, dy, with_numpy):
 
 
 def run(args):
+    if args.gpu:
+        from lnfast import _bench_gpu
+
+        return _bench_gpu.run(args)
     shapes = [_shape(s) for s in (args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES))]
     repeat = args.repeat or (5 if args.quick else 21)
     budget = 0.5 if args.quick else 1.5
@@ -271,6 +277,8 @@ def _print_tables(results, threads, torch):
 
 
 def _plot(results, impls, path):
+    """GB/s against shape, one panel per function (rows) and dtype (columns),
+    with the copy bandwidth as a dashed line."""
     try:
         import matplotlib
 
@@ -278,20 +286,25 @@ def _plot(results, impls, path):
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install 'lnfast[bench]'")
-    groups = list(dict.fromkeys((r["function"], r["dtype"]) for r in results))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), squeeze=False)
-    for ax, (func, dtype) in zip(axes[0], groups):
-        rows = [r for r in results if (r["function"], r["dtype"]) == (func, dtype)]
-        labels = list(dict.fromkeys(f"{r['M']}x{r['D']}" for r in rows))
-        for impl in impls:
-            ys = [r["gbs"] for r in rows if r["impl"] == impl]
-            if ys:
-                ax.plot(labels, ys, marker="o", label=impl)
-        copy = [r["copy_gbs"] for r in rows if r["impl"] == "lnfast"]
-        ax.plot(labels, copy, "k--", label="copy")
-        ax.set_title(f"{func}, {dtype}")
-        ax.set_ylabel("GB/s")
-        ax.tick_params(axis="x", rotation=45)
-        ax.legend()
+    funcs = list(dict.fromkeys(r["function"] for r in results))
+    dtypes = list(dict.fromkeys(r["dtype"] for r in results))
+    fig, axes = plt.subplots(len(funcs), len(dtypes), squeeze=False,
+                             figsize=(4 * len(dtypes), 3 * len(funcs)))
+    for i, func in enumerate(funcs):
+        for j, dtype in enumerate(dtypes):
+            ax = axes[i][j]
+            rows = [r for r in results if (r["function"], r["dtype"]) == (func, dtype)]
+            labels = list(dict.fromkeys(f"{r['M']}x{r['D']}" for r in rows))
+            for impl in impls:
+                ys = [r["gbs"] for r in rows if r["impl"] == impl]
+                if len(ys) == len(labels):
+                    ax.plot(labels, ys, marker="o", label=impl)
+            ax.plot(labels, [r["copy_gbs"] for r in rows if r["impl"] == "lnfast"], "k--",
+                    label="copy")
+            ax.set_title(f"{func}, {dtype}", fontsize=9)
+            ax.set_ylabel("GB/s", fontsize=8)
+            ax.tick_params(axis="x", rotation=45, labelsize=7)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=80)
