@@ -13,7 +13,8 @@ print(f"{wheel.name}:")
 for n in names:
     print("   ", n)
 assert any(n.startswith("lnfast/_cpu.") and n.endswith((".so", ".pyd")) for n in names), "no compiled module"
-for required in ("lnfast/py.typed", "lnfast/_cpu.pyi", "lnfast/__init__.py"):
+for required in ("lnfast/py.typed", "lnfast/_cpu.pyi", "lnfast/__init__.py",
+                 "lnfast/kernels/norm.cu"):
     assert required in names, f"wheel lacks {required}"
 for n in names:
     assert not n.endswith((".pyx", ".pxd", ".c", ".h")), f"wheel carries a source file: {n}"
@@ -22,6 +23,7 @@ members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in 
 print(f"{sdist.name}: {len(members)} files")
 for required in ("src/lnfast/_cpu.pyx", "src/lnfast/_openmp_helpers.pxd",
                  "src/lnfast/rowops.h", "src/lnfast/rowops_all.h", "src/lnfast/pool.h",
+                 "src/lnfast/halfconv.h", "src/lnfast/kernels/norm.cu",
                  "setup.py", "pyproject.toml", "tests/test_layer_norm.py"):
     assert required in members, f"sdist lacks {required}"
 for m in members:
