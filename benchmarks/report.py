@@ -5,27 +5,21 @@
 import json
 import sys
 
+from lnfast._bench import table_groups
+
 
 def tables(results):
     out = []
-    groups = dict.fromkeys((r["function"], r["dtype"]) for r in results)
-    for func, dtype in groups:
-        rows = [r for r in results if (r["function"], r["dtype"]) == (func, dtype)]
-        others = [i for i in dict.fromkeys(r["impl"] for r in rows) if i != "lnfast"]
+    for func, dtype, others, shapes in table_groups(results):
         out.append(f"\n**{func}, {dtype}**\n")
-        head = "| shape | copy GB/s | lnfast ms | GB/s | % copy | peak MiB |"
-        head += "".join(f" {o} ms | x {o} |" for o in others)
-        out.append(head)
+        out.append("| shape | copy GB/s | lnfast ms | GB/s | % copy | peak MiB |"
+                   + "".join(f" {o} ms | x {o} |" for o in others))
         out.append("|" + "---|" * (6 + 2 * len(others)))
-        for shape in dict.fromkeys((r["M"], r["D"]) for r in rows):
-            by = {r["impl"]: r for r in rows if (r["M"], r["D"]) == shape}
-            me = by["lnfast"]
-            line = (f"| {shape[0]}x{shape[1]} | {me['copy_gbs']:.1f} | {me['ms']:.4g} | "
-                    f"{me['gbs']:.1f} | {100 * me['gbs'] / me['copy_gbs']:.0f} | "
-                    f"{me['peak_mib']:.1f} |")
-            for o in others:
-                line += (f" {by[o]['ms']:.4g} | {by[o]['ms'] / me['ms']:.1f} |"
-                         if o in by else " - | - |")
+        for (m, d), me, by in shapes:
+            line = (f"| {m}x{d} | {me['copy_gbs']:.1f} | {me['ms']:.4g} | {me['gbs']:.1f} | "
+                    f"{100 * me['gbs'] / me['copy_gbs']:.0f} | {me['peak_mib']:.1f} |")
+            line += "".join(f" {by[o]['ms']:.4g} | {by[o]['ms'] / me['ms']:.1f} |" if o in by
+                            else " - | - |" for o in others)
             out.append(line)
     return "\n".join(out)
 

@@ -247,32 +247,38 @@ def _machine(threads, torch):
     }
 
 
+def table_groups(results):
+    """Per (function, dtype): the other implementations, and per shape the
+    lnfast row with the other implementations' rows by name."""
+    for func, dtype in dict.fromkeys((r["function"], r["dtype"]) for r in results):
+        rows = [r for r in results if (r["function"], r["dtype"]) == (func, dtype)]
+        others = [i for i in dict.fromkeys(r["impl"] for r in rows) if i != "lnfast"]
+        shapes = []
+        for shape in dict.fromkeys((r["M"], r["D"]) for r in rows):
+            by = {r["impl"]: r for r in rows if (r["M"], r["D"]) == shape}
+            shapes.append((shape, by["lnfast"], by))
+        yield func, dtype, others, shapes
+
+
 def _print_tables(results, threads, torch):
     print(f"lnfast {lnfast.__version__} | numpy {np.__version__}"
           f"{' | torch ' + torch.__version__ if torch else ' | torch not installed'}"
           f" | {threads} threads | {platform.machine()}")
-    for func in dict.fromkeys(r["function"] for r in results):
-        for dtype in dict.fromkeys(r["dtype"] for r in results):
-            rows = [r for r in results if r["function"] == func and r["dtype"] == dtype]
-            if not rows:
-                continue
-            others = [i for i in dict.fromkeys(r["impl"] for r in rows) if i != "lnfast"]
-            print(f"\n{func}, {dtype}  (median ms; GB/s = bytes a perfect kernel moves / time)")
-            head = (f"{'shape':>11} {'copy GB/s':>9} | {'lnfast ms':>9} {'GB/s':>6} "
-                    f"{'%copy':>5} {'peak MiB':>8}")
-            head += "".join(f" | {o + ' ms':>10} {'x':>6}" for o in others)
-            print(head)
-            print("-" * len(head))
-            for shape in dict.fromkeys((r["M"], r["D"]) for r in rows):
-                by = {r["impl"]: r for r in rows if (r["M"], r["D"]) == shape}
-                me = by["lnfast"]
-                line = (f"{'%dx%d' % shape:>11} {me['copy_gbs']:9.1f} | {me['ms']:9.4f} "
-                        f"{me['gbs']:6.1f} {100 * me['gbs'] / me['copy_gbs']:5.0f} "
-                        f"{me['peak_mib']:8.1f}")
-                for o in others:
-                    if o in by:
-                        line += f" | {by[o]['ms']:10.4f} {by[o]['ms'] / me['ms']:5.1f}x"
-                print(line)
+    for func, dtype, others, shapes in table_groups(results):
+        print(f"\n{func}, {dtype}  (median ms; GB/s = bytes a perfect kernel moves / time)")
+        head = (f"{'shape':>11} {'copy GB/s':>9} | {'lnfast ms':>9} {'GB/s':>6} "
+                f"{'%copy':>5} {'peak MiB':>8}")
+        head += "".join(f" | {o + ' ms':>10} {'x':>6}" for o in others)
+        print(head)
+        print("-" * len(head))
+        for shape, me, by in shapes:
+            line = (f"{'%dx%d' % shape:>11} {me['copy_gbs']:9.1f} | {me['ms']:9.4f} "
+                    f"{me['gbs']:6.1f} {100 * me['gbs'] / me['copy_gbs']:5.0f} "
+                    f"{me['peak_mib']:8.1f}")
+            for o in others:
+                if o in by:
+                    line += f" | {by[o]['ms']:10.4f} {by[o]['ms'] / me['ms']:5.1f}x"
+            print(line)
     print("\nx = that implementation's time / lnfast's time (above 1: lnfast is faster)")
 
 
