@@ -48,7 +48,8 @@ cdef extern from *:
 
 
 def build_info():
-    """Compiler, OpenMP and SIMD baseline this module was compiled with."""
+    """The compiler, whether OpenMP is on, and the instruction set the row
+    loops run with on this CPU."""
     return {
         "compiler": LNFAST_COMPILER.decode(),
         "openmp": bool(LNFAST_OPENMP),
@@ -96,11 +97,11 @@ def convert(cnp.ndarray src, cnp.ndarray dst):
     """dst[:] = src between 1-D float32 and float16/bfloat16 arrays with the
     kernels' row conversions (rounding to nearest even).  For tests."""
     cdef RowMap s, d
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(src)
+    if cnp.PyArray_NDIM(src) != 1 or cnp.PyArray_NDIM(dst) != 1 or cnp.PyArray_SIZE(dst) != n:
+        raise ValueError("src and dst must be 1-D arrays of one size")
     rowmap_init(&s, src)
     rowmap_init(&d, dst)
-    cdef Py_ssize_t n = cnp.PyArray_SIZE(src)
-    if cnp.PyArray_NDIM(src) != 1 or cnp.PyArray_SIZE(dst) != n:
-        raise ValueError("src and dst must be 1-D arrays of one size")
     if s.storage != NATIVE and cnp.PyArray_TYPE(dst) == cnp.NPY_FLOAT32 and d.inner == 4:
         (lnf_widen_f16 if s.storage == F16 else lnf_widen_bf16)(s.base, s.inner, <float*>d.base, n)
     elif d.storage != NATIVE and cnp.PyArray_TYPE(src) == cnp.NPY_FLOAT32 and s.inner == 4:
