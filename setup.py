@@ -5,7 +5,7 @@ Environment switches:
       auto: use OpenMP when a test program compiles and links, else build
       serially with a warning; 0: never; required: fail without OpenMP.
   LNFAST_NATIVE = 1
-      opt in to -march=native (never the default: wheels must run on any CPU).
+      opt in to -march=native (LNFAST_NATIVE only: wheels must run on any CPU).
 """
 import os
 import sys
@@ -78,7 +78,7 @@ class BuildExt(build_ext):
             # rounds the same way (bitwise reproducibility).
             opt = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-psabi"]
             if os.environ.get("LNFAST_NATIVE", "0") == "1":
-                opt.append("-march=native")
+                opt.append("-march=native")  # opt-in via LNFAST_NATIVE=1 only
         for ext in self.extensions:
             ext.extra_compile_args = opt + (cflags if use_omp else [])
             ext.extra_link_args = ldflags if use_omp else []

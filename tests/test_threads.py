@@ -29,6 +29,18 @@ def test_environment_variable(monkeypatch):
         lnfast.get_num_threads()
 
 
+def test_threadpoolctl_limits_the_default(monkeypatch):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.delenv("LNFAST_NUM_THREADS", raising=False)
+    if not lnfast._cpu.build_info()["openmp"]:
+        pytest.skip("serial build")
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert lnfast.get_num_threads() == 1
+    lnfast.set_num_threads(2)           # an explicit setting is not overridden
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert lnfast.get_num_threads() == 2
+
+
 @pytest.mark.parametrize("n,exc", [(0, ValueError), (-2, ValueError),
                                    (1.5, TypeError), ("4", TypeError)])
 def test_bad_thread_counts(n, exc):
