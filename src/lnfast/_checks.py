@@ -12,14 +12,15 @@ import ml_dtypes
 import numpy as np
 
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64)) + HALF_DTYPES
+FLOAT_DTYPES = frozenset((np.dtype(np.float32), np.dtype(np.float64)) + HALF_DTYPES)
+_HALVES = frozenset(HALF_DTYPES)
 _FLOAT_NAMES = "float32, float64, float16 or bfloat16"
 
 
 def is_cupy(a):
     """A CuPy array, recognised without importing CuPy."""
     t = type(a)
-    return t.__name__ == "ndarray" and t.__module__.partition(".")[0] == "cupy"
+    return t is not np.ndarray and t.__name__ == "ndarray" and t.__module__.startswith("cupy")
 
 
 def array(name, a):
@@ -77,17 +78,21 @@ def stats(name, s, shape):
     return s
 
 
+_FLOAT32 = np.dtype(np.float32)
+
+
 def compute_dtype(dtype):
     """The arithmetic type of the kernels for data of `dtype`: float32 for
     the 16-bit types, else the type itself.  mean, rstd and (with
     weight=None) dweight and dbias have this dtype."""
-    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
+    return _FLOAT32 if dtype in _HALVES else dtype
 
 
 def eps(value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(value).__name__}")
-    value = float(value)
+    if type(value) is not float:        # the common case skips the ABC check
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"eps must be a real number, got {type(value).__name__}")
+        value = float(value)
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"eps must be finite and >= 0, got {value}")
     return value

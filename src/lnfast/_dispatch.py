@@ -4,7 +4,9 @@ NumPy arrays run on the CPU kernels (lnfast._kernels), CuPy arrays on the
 CUDA kernels (lnfast._gpu, which imports CuPy on first use).  Arguments are
 checked (lnfast._checks) before this is asked.
 """
-from lnfast import _checks
+import numpy as np
+
+from lnfast import _checks, _kernels
 
 
 def _kind(a):
@@ -13,6 +15,9 @@ def _kind(a):
 
 def backend(x_name, x, **others):
     """The kernels module for x's kind; every other array must be the same kind."""
+    if type(x) is np.ndarray and all(a is None or type(a) is np.ndarray
+                                     for a in others.values()):
+        return _kernels                 # the common case, decided quickly
     kind = _kind(x)
     for name, a in others.items():
         if a is not None and _kind(a) != kind:
@@ -23,6 +28,4 @@ def backend(x_name, x, **others):
         from lnfast import _gpu
 
         return _gpu
-    from lnfast import _kernels
-
     return _kernels
