@@ -106,6 +106,7 @@ LNF_DEFINE_ROW_CONVERSIONS(f16, lnf_f16_to_f32, lnf_f32_to_f16)
 LNF_DEFINE_ROW_CONVERSIONS(bf16, lnf_bf16_to_f32, lnf_f32_to_bf16)
 
 #if LNF_HAVE_DISPATCH
+#include <cpuid.h>
 #include <immintrin.h>
 
 /* F16C: 8 values per instruction; the scalar tail uses the portable code. */
@@ -131,12 +132,19 @@ __attribute__((target("avx,f16c"))) static void lnf_narrow_f16_f16c(const float 
         ((uint16_t *)dst)[i] = lnf_f32_to_f16(src[i]);
 }
 
+/* F16C and AVX present, and AVX state enabled by the OS (cpuid leaf 1 and
+ * xgetbv; __builtin_cpu_supports("f16c") is missing from older clang). */
 static int lnf_has_f16c(void)
 {
     static int known = -1;              /* idempotent: a race writes the same value */
     if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+        unsigned a, b, c, d, lo, hi;
+        int ok = 0;
+        if (__get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1) && (c >> 28 & 1) && (c >> 29 & 1)) {
+            __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            ok = (lo & 6u) == 6u;       /* XMM and YMM state saved by the OS */
+        }
+        known = ok;
     }
     return known;
 }

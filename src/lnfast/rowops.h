@@ -15,21 +15,13 @@
 #define LNF_FN(name) LNF_CAT(name, LNF_SUFFIX)
 
 #if LNF_VECTOR
-/* LNF_T vectors of 8 elements, loaded without alignment requirements. */
+/* LNF_T vectors of 8 elements, loaded without alignment requirements.
+ * Macros, not functions: wide vectors may not cross a call in the baseline
+ * (SSE2) build. */
 typedef LNF_T LNF_CAT(lnf_v8, LNF_SUFFIX) __attribute__((vector_size(8 * sizeof(LNF_T))));
 #define LNF_VT LNF_CAT(lnf_v8, LNF_SUFFIX)
-
-static inline LNF_VT LNF_FN(lnf_load)(const LNF_T *p)
-{
-    LNF_VT v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline lnf_vd LNF_FN(lnf_widen)(LNF_VT v)
-{
-    return __builtin_convertvector(v, lnf_vd);
-}
+#define LNF_LOAD(p) ({ LNF_VT v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define LNF_WIDEN(v) __builtin_convertvector((v), lnf_vd)
 #endif
 
 /* s1 = sum(x - shift), s2 = sum((x - shift)^2), in float64. */
@@ -45,7 +37,7 @@ LNF_DISPATCH static void LNF_FN(lnf_row_sums)(const LNF_T *x, ptrdiff_t n, doubl
         a[v] = b[v] = (lnf_vd){0};
     for (; i < body; i += LNF_LANES)
         for (int v = 0; v < LNF_LANES / 8; v++) {
-            lnf_vd d = LNF_FN(lnf_widen)(LNF_FN(lnf_load)(x + i + 8 * v)) - sh;
+            lnf_vd d = LNF_WIDEN(LNF_LOAD(x + i + 8 * v)) - sh;
             a[v] += d;
             b[v] += d * d;
         }
@@ -129,8 +121,8 @@ LNF_DISPATCH static void LNF_FN(lnf_row_grad_sums)(const LNF_T *x, const LNF_T *
     for (; i < body; i += LNF_LANES)
         for (int v = 0; v < LNF_LANES / 8; v++) {
             ptrdiff_t j = i + 8 * v;
-            lnf_vd d = LNF_FN(lnf_widen)(LNF_FN(lnf_load)(x + j) - m);
-            lnf_vd g = LNF_FN(lnf_widen)(LNF_FN(lnf_load)(dy + j) * LNF_FN(lnf_load)(w + j));
+            lnf_vd d = LNF_WIDEN(LNF_LOAD(x + j) - m);
+            lnf_vd g = LNF_WIDEN(LNF_LOAD(dy + j) * LNF_LOAD(w + j));
             a[v] += d;
             b[v] += g;
             c[v] += g * d;
@@ -195,6 +187,8 @@ LNF_DISPATCH static void LNF_FN(lnf_row_add)(const LNF_T *a, const LNF_T *b, LNF
 }
 
 #undef LNF_VT
+#undef LNF_LOAD
+#undef LNF_WIDEN
 #undef LNF_LINE
 #undef LNF_MAP_PREFETCHING
 #undef LNF_FN
