@@ -27,6 +27,9 @@ def array(name, a):
     if not (isinstance(a, np.ndarray) or is_cupy(a)):
         raise TypeError(
             f"{name} must be a numpy.ndarray or cupy.ndarray, got {type(a).__name__}")
+    if type(a) is not np.ndarray and isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"{name} must not be a masked array (its mask would be ignored); "
+                        "pass a.filled(value) or a.data")
     return a
 
 
@@ -92,7 +95,10 @@ def eps(value):
     if type(value) is not float:        # the common case skips the ABC check
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"eps must be a real number, got {type(value).__name__}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ValueError(f"eps must be finite and >= 0, got {value}") from None
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"eps must be finite and >= 0, got {value}")
     return value

@@ -133,6 +133,11 @@ cdef enum:
     BF16 = 2        # bfloat16 rows, computed in float32
 
 
+# ml_dtypes registers bfloat16 with NumPy at run time: its type number.
+import ml_dtypes
+cdef int BF16_TYPENUM = np.dtype(ml_dtypes.bfloat16).num
+
+
 cdef struct RowMap:
     char* base
     Py_ssize_t inner            # byte stride along the normalized axis
@@ -150,9 +155,15 @@ cdef int rowmap_init(RowMap* m, cnp.ndarray a) except -1:
     cdef cnp.npy_intp* strides = cnp.PyArray_STRIDES(a)
     m.base = <char*>cnp.PyArray_DATA(a)
     m.inner = strides[nd]
-    # The only 16-bit float types accepted are float16 and bfloat16.
-    m.storage = NATIVE if cnp.PyArray_ITEMSIZE(a) != 2 else (
-        F16 if cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT16 else BF16)
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT16:
+        m.storage = F16
+    elif t == BF16_TYPENUM:
+        m.storage = BF16
+    elif t == cnp.NPY_FLOAT32 or t == cnp.NPY_FLOAT64:
+        m.storage = NATIVE
+    else:
+        raise TypeError(f"lnfast kernels take float32, float64, float16 or bfloat16, got {a.dtype}")
     m.nd = 0
     for k in range(nd):                 # outermost first; drop unit axes
         if shape[k] == 1:
@@ -290,6 +301,18 @@ cdef inline void row_forward(const real* x, real* y, const real* w,
     cdef real hi = <real>mean
     cdef real lo = <real>(mean - <double>hi)
     cdef real rs = <real>rstd
+    cdef Py_ssize_t i
+    if real is float:
+        # Rows near float32's limits: deviations up to sqrt(D var) could
+        # overflow, or rstd leave the normal range.  Rare; done in float64.
+        if not (1e-30 < rstd < 1e30 and D * var < 1e72):
+            for i in range(D):
+                y[i] = <float>((<double>x[i] - mean) * rstd * w[i] + (b[i] if centered else 0.0))
+            if mean_out != NULL:
+                mean_out[0] = hi
+            if rstd_out != NULL:
+                rstd_out[0] = rs
+            return
     if centered:
         if real is float:
             lnf_row_normalize_f32(x, y, w, b, D, hi, lo, rs, pa, pb)

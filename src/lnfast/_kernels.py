@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from lnfast import _cpu
+from lnfast import _checks, _cpu
 from lnfast._checks import compute_dtype
 from lnfast._threads import threads_for
 
@@ -41,10 +41,12 @@ _CACHE_MIN = _cpu.cache_info()[2]
 
 
 def empty_cache():
-    """Return the cached output buffers to the system (see docs/api.md)."""
+    """Return the cached output buffers (and the cached stand-in weight
+    vectors) to the system (see docs/api.md)."""
     limit = _cpu.cache_info()[1]
     _cpu.set_cache_limit(0)
     _cpu.set_cache_limit(limit)
+    _constant.cache_clear()
 
 
 def _empty(shape, dtype):
@@ -52,6 +54,11 @@ def _empty(shape, dtype):
     if math.prod(shape) * dtype.itemsize >= _CACHE_MIN:
         return _cpu.empty(shape, dtype)
     return np.empty(shape, dtype)
+
+
+# Stand-in vectors for weight=None / bias=None are kept for rows up to this
+# long (larger ones cost little to make next to the M x D work).
+_CONSTANT_MAX_D = 1 << 16
 
 
 @functools.lru_cache(maxsize=64)
@@ -62,30 +69,65 @@ def _constant(value, D, dtype):
     return a
 
 
+def _aligned(a):
+    """`a`, or an aligned copy: the kernels load elements of their own type."""
+    return a if a.flags.aligned else a.copy()
+
+
 def _vector(p, value, D, dtype):
     if p is None:
-        return _constant(value, D, dtype)
-    return np.ascontiguousarray(p, dtype=dtype)
+        return _constant(value, D, dtype) if D <= _CONSTANT_MAX_D else np.full(D, value, dtype)
+    return _aligned(np.ascontiguousarray(p, dtype=dtype))
+
+
+def _rows(a, dtype, M):
+    """mean or rstd as an aligned contiguous vector of the compute dtype."""
+    return _aligned(np.ascontiguousarray(a, dtype=dtype).reshape(M))
 
 
 def _kernel_view(a):
-    """`a` itself when the kernels can address it, else a contiguous copy."""
+    """`a` itself when the kernels can address it, else an aligned C copy."""
     if a is None or (a.flags.aligned and a.ndim <= _MAX_LEAD + 1):
         return a
-    return np.ascontiguousarray(a).reshape(-1, a.shape[-1])
+    return np.array(a, order="C").reshape(-1, a.shape[-1])
+
+
+def self_overlaps(a):
+    """True when two elements of `a` share memory (e.g. stride-0 axes)."""
+    span = a.itemsize
+    for stride, n in sorted((abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1):
+        if stride < span:
+            return True
+        span += stride * (n - 1)
+    return False
 
 
 def _writes_safely(o, x, others):
-    """True when the kernel can write straight into `o`: addressable, and it
-    either overlaps no input or is exactly the view `x` (in place: each row
-    is read whole before it is written)."""
-    if not o.flags.aligned or o.ndim > _MAX_LEAD + 1:
+    """True when the kernel can write straight into `o`: addressable, no two
+    of its elements alike, and it either overlaps no input or is exactly the
+    view `x` (in place: each row is read whole before it is written)."""
+    if not o.flags.aligned or o.ndim > _MAX_LEAD + 1 or self_overlaps(o):
         return False
     if np.may_share_memory(o, x) and not (
             o.strides == x.strides
             and o.__array_interface__["data"][0] == x.__array_interface__["data"][0]):
         return False
     return not any(a is not None and np.may_share_memory(o, a) for a in others)
+
+
+def round_once(a, dtype):
+    """float64 `a` rounded once to `dtype`.  ml_dtypes converts float64 to
+    bfloat16 through float32 (two roundings); rounding to float32 toward
+    zero and setting the last bit when inexact ("round to odd") first makes
+    the second rounding the only one that counts."""
+    if dtype != _checks.HALF_DTYPES[1]:
+        return a.astype(dtype)
+    f = a.astype(np.float32)
+    away = np.abs(f.astype(np.float64)) > np.abs(a)
+    f = np.where(away, np.nextafter(f, np.float32(0)), f)
+    inexact = f.astype(np.float64) != a
+    bits = f.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32).astype(dtype)
 
 
 def num_chunks(M, D):
@@ -113,7 +155,7 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
     if x.size:
         _cpu.forward(_kernel_view(x), _kernel_view(residual), z, target,
                      _vector(weight, 1.0, D, compute), _vector(bias, 0.0, D, compute),
-                     mean, rstd, eps, centered, threads_for(x.size))
+                     mean, rstd, eps, centered, min(threads_for(x.size), x.size // D))
     if target is not y:
         np.copyto(y, target)
     return y, z, mean, rstd
@@ -129,12 +171,11 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
     dx = _empty(x.shape, dtype)
     if M == 0:
         return dx, np.zeros(D, grad_dtype), np.zeros(D, grad_dtype)
-    if centered:
-        mean = np.ascontiguousarray(mean, dtype=compute).reshape(M)
+    nchunks = num_chunks(M, D)
     dwdb = _cpu.backward(
-        _kernel_view(dy), _kernel_view(x), _kernel_view(dz), mean,
-        np.ascontiguousarray(rstd, dtype=compute).reshape(M),
-        _vector(weight, 1.0, D, compute), dx, num_chunks(M, D), centered,
-        threads_for(x.size),
+        _kernel_view(dy), _kernel_view(x), _kernel_view(dz),
+        _rows(mean, compute, M) if centered else None, _rows(rstd, compute, M),
+        _vector(weight, 1.0, D, compute), dx, nchunks, centered,
+        min(threads_for(x.size), nchunks),
     )
-    return dx, dwdb[0].astype(grad_dtype), dwdb[1].astype(grad_dtype)
+    return dx, round_once(dwdb[0], grad_dtype), round_once(dwdb[1], grad_dtype)

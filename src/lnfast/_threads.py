@@ -2,6 +2,8 @@
 
 Order: lnfast.set_num_threads(n), else the LNFAST_NUM_THREADS environment
 variable, else OpenMP's current default (which threadpoolctl can limit).
+In a process forked from one that has used threads the count is 1: GNU
+OpenMP's thread pool does not survive fork, and a threaded call would hang.
 """
 import operator
 import os
@@ -9,6 +11,17 @@ import os
 from lnfast import _cpu
 
 _requested = None
+_forked = False
+_MAX_THREADS = 1 << 16
+
+
+def _after_fork_in_child():
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # Below this many elements a call runs on the calling thread: waking the
 # thread team costs more than the work.
@@ -19,17 +32,21 @@ def set_num_threads(n):
     """Use `n` threads in the CPU kernels; `None` returns to the default."""
     global _requested
     if n is not None:
+        if isinstance(n, bool):
+            raise TypeError("n must be an int or None, got bool")
         try:
             n = operator.index(n)
         except TypeError:
             raise TypeError(f"n must be an int or None, got {type(n).__name__}") from None
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
+        if not 1 <= n <= _MAX_THREADS:
+            raise ValueError(f"n must be between 1 and {_MAX_THREADS}, got {n}")
     _requested = n
 
 
 def get_num_threads():
     """The thread count the CPU kernels use for large inputs."""
+    if _forked:
+        return 1
     if _requested is not None:
         return _requested
     env = os.environ.get("LNFAST_NUM_THREADS")
@@ -38,8 +55,9 @@ def get_num_threads():
             n = int(env)
         except ValueError:
             n = 0
-        if n < 1:
-            raise ValueError(f"LNFAST_NUM_THREADS must be an integer >= 1, got {env!r}")
+        if not 1 <= n <= _MAX_THREADS:
+            raise ValueError(
+                f"LNFAST_NUM_THREADS must be an integer from 1 to {_MAX_THREADS}, got {env!r}")
         return n
     return _cpu.omp_max_threads()
 

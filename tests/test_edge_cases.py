@@ -1,0 +1,119 @@
+"""Corner cases found in review: fork, self-overlapping out=, memory bounds,
+values near float32's limits, bfloat16 gradients rounded once, alignment."""
+import subprocess
+import sys
+import tracemalloc
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+import lnfast
+from lnfast import _kernels
+from lnfast import reference as ref
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_threaded_call_in_a_forked_child_does_not_hang():
+    code = ("import os, sys, numpy as np, lnfast\n"
+            "x = np.random.rand(4096, 256)\n"
+            "lnfast.set_num_threads(2); lnfast.layer_norm(x)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    lnfast.layer_norm(x); os._exit(0 if lnfast.get_num_threads() == 1 else 3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "sys.exit(os.waitstatus_to_exitcode(status))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+def test_out_is_x_with_rows_sharing_memory(rng):
+    b = rng.standard_normal(8)
+    x = as_strided(b, (4, 8), (0, 8), writeable=True)   # four rows, one row of memory
+    want = lnfast.layer_norm(b[None, :])[0]
+    lnfast.layer_norm(x, out=x)
+    assert np.array_equal(b, want)
+    c = rng.standard_normal(12)
+    y = as_strided(c, (5, 8), (8, 8), writeable=True)   # rows overlapping by 7 elements
+    want = lnfast.layer_norm(y.copy())
+    lnfast.layer_norm(y, out=y)
+    assert np.array_equal(y[-1], want[-1])              # the last row written wins
+    assert _kernels.self_overlaps(y) and not _kernels.self_overlaps(y.copy())
+
+
+def test_scratch_is_bounded_by_the_work_not_the_thread_setting(rng):
+    x = rng.standard_normal((1, 200_000))[:, ::2]       # one strided row
+    lnfast.set_num_threads(64)
+    tracemalloc.start()
+    lnfast.layer_norm(x)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    row = 8 * 100_000
+    # y, the stand-in weight and bias, 4 scratch rows for one thread: 7 rows,
+    # not 64 threads x 4 rows.
+    assert peak < 10 * row
+
+
+def test_large_rows_without_weight_are_not_cached():
+    _kernels._constant.cache_clear()
+    lnfast.layer_norm(np.ones((2, _kernels._CONSTANT_MAX_D + 1)))
+    assert _kernels._constant.cache_info().currsize == 0
+    lnfast.layer_norm(np.ones((2, 64)))
+    assert _kernels._constant.cache_info().currsize == 2
+    lnfast.empty_cache()
+    assert _kernels._constant.cache_info().currsize == 0
+
+
+def test_float32_rows_near_the_overflow_threshold():
+    x = np.array([[3e38, 3e38, -3e38], [1e-38, -1e-38, 3e-38]], np.float32)
+    for eps in (1e-5, 0.0):
+        y = lnfast.layer_norm(x, eps=0.0 if eps == 0 else 1e-80)
+        assert np.isfinite(y).all()
+        assert ref.rel_error(y, ref.layer_norm_forward(x, eps=0.0 if eps == 0 else 1e-80)[0]) <= 2e-6
+    yr = lnfast.rms_norm(x[:1], eps=0.0)
+    assert ref.rel_error(yr, ref.rms_norm_forward(x[:1], eps=0.0)[0]) <= 2e-6
+
+
+def test_bfloat16_gradients_are_rounded_once():
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    x = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]], np.float32)
+    dy = np.array([[1.0, 1.0], [2.0**-8, 2.0**-8], [2.0**-30, 2.0**-30]], np.float32)
+    _, mean, rstd = lnfast.layer_norm_forward(x)
+    w = np.ones(2, bf16)
+    _, _, db = lnfast.layer_norm_backward(dy.astype(np.float32), x, mean, rstd,
+                                          w.astype(np.float32))
+    exact = 1 + 2.0**-8 + 2.0**-30                       # just above a bfloat16 tie
+    assert db[0] == np.float32(exact)
+    _, _, db16 = lnfast.layer_norm_backward(dy.astype(bf16), x.astype(bf16), mean, rstd, w)
+    assert db16.dtype == bf16 and float(db16[0]) == 1.0078125
+    assert _kernels.round_once(np.array([exact]), bf16)[0] == np.array([1.0078125], bf16)[0]
+
+
+def test_unaligned_inputs(rng):
+    buf = np.zeros(4 * 64 * 33 + 1, np.uint8)
+    x = np.frombuffer(buf.data, np.float32, 64 * 32, offset=1).reshape(64, 32)
+    w = np.frombuffer(buf.data, np.float32, 32, offset=1 + 4 * 64 * 32)
+    assert not x.flags.aligned and not w.flags.aligned
+    x[...] = rng.standard_normal(x.shape)
+    w[...] = rng.standard_normal(32)
+    y, mean, rstd = lnfast.layer_norm_forward(x, w)
+    assert np.array_equal(y, lnfast.layer_norm(x.copy(), w.copy()))
+    dx = lnfast.layer_norm_backward(x, x, mean, rstd, w)[0]
+    assert np.array_equal(dx, lnfast.layer_norm_backward(x.copy(), x.copy(), mean, rstd,
+                                                        w.copy())[0])
+
+
+def test_bad_values_get_the_spec_exceptions():
+    x = np.ones((2, 4))
+    with pytest.raises(ValueError, match="eps"):
+        lnfast.layer_norm(x, eps=10**400)
+    with pytest.raises(TypeError, match=r"\bn\b"):
+        lnfast.set_num_threads(True)
+    with pytest.raises(ValueError, match=r"\bn\b"):
+        lnfast.set_num_threads(2**40)
+    with pytest.raises(TypeError, match="masked"):
+        lnfast.layer_norm(np.ma.masked_array(x, mask=x > 0))
+    with pytest.raises(TypeError, match="int16"):
+        lnfast._cpu.convert(np.ones(4, np.int16), np.empty(4, np.float32))
