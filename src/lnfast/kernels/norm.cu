@@ -14,8 +14,10 @@
 // C-contiguous.  VEC > 1 selects 16-byte loads and stores, for rows that are
 // contiguous and 16-byte aligned; VEC == 1 is the scalar path.
 
+#ifndef LNF_EMULATE     // tests/gpu/emulate.cpp supplies these types on the CPU
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#endif
 
 namespace lnf {
 
@@ -39,8 +41,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 {
     return __float2bfloat16_rn(v);
 }
-template <typename T> __device__ __forceinline__ T from_d(double v) { return from_f<T>((float)v); }
-template <> __device__ __forceinline__ double from_d<double>(double v) { return v; }
 template <typename T> __device__ __forceinline__ T from_m(typename Math<T>::type v)
 {
     return from_f<T>(v);

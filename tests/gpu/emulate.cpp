@@ -1,0 +1,194 @@
+// Runs the CUDA kernels of src/lnfast/kernels/norm.cu on the CPU, one
+// std::thread per CUDA thread, block after block: __syncthreads is a block
+// barrier, __shfl_xor_sync a warp barrier around a shared slot array.  It
+// checks the kernels' logic (indexing, reductions, strides, packs, 16-bit
+// conversions) where no GPU is at hand; it says nothing about speed.
+//
+// Prints one line per case: "<case> <max relative error>".  Driven by
+// tests/gpu/test_cuda_emulated.py.
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#define LNF_DISPATCH
+#define LNF_HAVE_DISPATCH 0
+#include "halfconv.h"
+
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+inline float __half2float(__half h) { return lnf_f16_to_f32(h.x); }
+inline float __bfloat162float(__nv_bfloat16 h) { return lnf_bf16_to_f32(h.x); }
+inline __half __float2half_rn(float f) { return {lnf_f32_to_f16(f)}; }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {lnf_f32_to_bf16(f)}; }
+
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+thread_local Dim3 threadIdx, blockIdx;
+Dim3 blockDim, gridDim;
+static std::barrier<> *block_bar;
+static std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+static double slots[1024];
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define LNF_EMULATE 1
+inline void __syncthreads() { block_bar->arrive_and_wait(); }
+inline double __shfl_xor_sync(unsigned, double v, int off)
+{
+    unsigned t = threadIdx.x;
+    slots[t] = v;
+    warp_bars[t / 32]->arrive_and_wait();
+    double r = slots[t ^ off];
+    warp_bars[t / 32]->arrive_and_wait();
+    return r;
+}
+
+#include "norm.cu"
+
+template <class... P, class... A>
+void launch(unsigned grid, unsigned block, void (*kernel)(P...), A... args)
+{
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; b++) {
+        std::barrier<> bar(block);
+        block_bar = &bar;
+        warp_bars.clear();
+        for (unsigned w = 0; w < block / 32; w++)
+            warp_bars.emplace_back(new std::barrier<>(32));
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < block; t++)
+            ts.emplace_back([=] {
+                threadIdx.x = t;
+                blockIdx.x = b;
+                kernel(args...);
+            });
+        for (auto &th : ts)
+            th.join();
+    }
+}
+
+template <class T> double val(T v) { return (double)lnf::to_f(v); }
+template <class T> T make(double v) { return lnf::from_m<T>((typename lnf::Math<T>::type)v); }
+
+static double rel(const std::vector<double> &a, const std::vector<double> &b)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return std::isnan(num) ? INFINITY : std::sqrt(num / (den > 0 ? den : 1));
+}
+
+// One case: M rows of D, x strided by `xs` elements along the row (VEC 1) or
+// contiguous (VEC > 1), a residual when `res`, centred (LayerNorm) or not.
+template <class T, class S, int VEC, bool CENTERED>
+void run_case(const char *name, long long M, long long D, int xs, bool res, unsigned grid,
+              unsigned block, std::mt19937 &rng)
+{
+    typedef typename lnf::Math<T>::type F;
+    std::normal_distribution<double> nd(0.5, 2.0);
+    std::vector<T> x(M * D * xs), r(M * D), dy(M * D), z(M * D), y(M * D), dx(M * D);
+    std::vector<F> w(D), b(D);
+    std::vector<S> mean(M), rstd(M);
+    for (auto &v : x) v = make<T>(nd(rng) + 100.0);   // a common offset
+    for (auto &v : r) v = make<T>(nd(rng));
+    for (auto &v : dy) v = make<T>(nd(rng));
+    for (auto &v : w) v = (F)nd(rng);
+    for (auto &v : b) v = (F)nd(rng);
+    const double eps = 1e-5;
+    lnf::i64 in = xs;
+    launch(grid, block, lnf::norm_forward<T, S, VEC, CENTERED>, x.data(), (lnf::i64)0,
+           (lnf::i64)0, (lnf::i64)(D * xs), in, res ? r.data() : (T *)nullptr, (lnf::i64)0,
+           (lnf::i64)0, (lnf::i64)D, (lnf::i64)1, res ? z.data() : (T *)nullptr, y.data(),
+           (const F *)w.data(), (const F *)b.data(), mean.data(), rstd.data(), (lnf::i64)M,
+           (lnf::i64)D, (lnf::i64)1, (lnf::i64)M, eps);
+    // float64 reference of the forward pass, from the rows actually normalized
+    std::vector<double> got, want, src(M * D);
+    for (long long i = 0; i < M; i++)
+        for (long long j = 0; j < D; j++)
+            src[i * D + j] = res ? val(z[i * D + j]) : val(x[(i * D + j) * xs]);
+    std::vector<double> rmean(M), rrstd(M);
+    for (long long i = 0; i < M; i++) {
+        double m = 0, v = 0;
+        for (long long j = 0; j < D; j++) m += src[i * D + j];
+        m = CENTERED ? m / D : 0.0;
+        for (long long j = 0; j < D; j++) v += (src[i * D + j] - m) * (src[i * D + j] - m);
+        rmean[i] = m;
+        rrstd[i] = 1.0 / std::sqrt(v / D + eps);
+        for (long long j = 0; j < D; j++) {
+            got.push_back(val(y[i * D + j]));
+            double xh = (src[i * D + j] - m) * rrstd[i];
+            want.push_back(CENTERED ? xh * w[j] + b[j] : xh * w[j]);
+        }
+    }
+    printf("%s.forward %.3e\n", name, rel(got, want));
+    // backward through the partial and reduce kernels
+    unsigned G = (unsigned)std::min<long long>(M, 3);
+    std::vector<double> part(G * 2 * D), dwdb(2 * D);
+    const T *xb = res ? z.data() : x.data();
+    lnf::i64 xin = res ? 1 : xs;
+    launch(G, block, lnf::norm_backward_partial<T, S, VEC, CENTERED>, dy.data(), (lnf::i64)0,
+           (lnf::i64)0, (lnf::i64)D, (lnf::i64)1, xb, (lnf::i64)0, (lnf::i64)0,
+           (lnf::i64)(D * xin), xin, res ? r.data() : (T *)nullptr, (lnf::i64)0, (lnf::i64)0,
+           (lnf::i64)D, (lnf::i64)1, CENTERED ? (const S *)mean.data() : (const S *)nullptr,
+           (const S *)rstd.data(), (const F *)w.data(), dx.data(), part.data(), (lnf::i64)M,
+           (lnf::i64)D, (lnf::i64)1, (lnf::i64)M);
+    launch(1, 64, lnf::norm_backward_reduce, (const double *)part.data(), (lnf::i64)G,
+           (lnf::i64)(2 * D), dwdb.data());
+    std::vector<double> gdx, wdx, gdw, wdw;
+    std::vector<double> rdw(D, 0.0), rdb(D, 0.0);
+    for (long long i = 0; i < M; i++) {
+        double mg = 0, mgx = 0;
+        std::vector<double> xh(D), g(D);
+        for (long long j = 0; j < D; j++) {
+            xh[j] = (src[i * D + j] - rmean[i]) * rrstd[i];
+            g[j] = val(dy[i * D + j]) * w[j];
+            mg += g[j];
+            mgx += g[j] * xh[j];
+        }
+        mg = CENTERED ? mg / D : 0.0;
+        mgx /= D;
+        for (long long j = 0; j < D; j++) {
+            double d = rrstd[i] * (g[j] - mg - xh[j] * mgx) + (res ? val(r[i * D + j]) : 0.0);
+            gdx.push_back(val(dx[i * D + j]));
+            wdx.push_back(d);
+            rdw[j] += val(dy[i * D + j]) * xh[j];
+            rdb[j] += val(dy[i * D + j]);
+        }
+    }
+    for (long long j = 0; j < D; j++) {
+        gdw.push_back(dwdb[j]);
+        wdw.push_back(rdw[j]);
+        if (CENTERED) {
+            gdw.push_back(dwdb[D + j]);
+            wdw.push_back(rdb[j]);
+        }
+    }
+    printf("%s.dx %.3e\n%s.dweight_dbias %.3e\n", name, rel(gdx, wdx), name, rel(gdw, wdw));
+}
+
+int main()
+{
+    std::mt19937 rng(3);
+    // name, M, D, element stride, residual, grid (< M: grid-stride loop), threads
+    run_case<float, float, 4, true>("float.vec4.layernorm", 7, 1000, 1, false, 3, 64, rng);
+    run_case<float, float, 1, true>("float.strided.layernorm", 5, 999, 3, false, 2, 64, rng);
+    run_case<float, float, 4, true>("float.vec4.residual", 6, 512, 1, true, 4, 32, rng);
+    run_case<float, float, 4, false>("float.vec4.rmsnorm", 5, 768, 1, false, 5, 64, rng);
+    run_case<double, double, 2, true>("double.vec2.layernorm", 4, 1026, 1, false, 2, 128, rng);
+    run_case<double, double, 1, false>("double.strided.rmsnorm", 3, 77, 2, false, 3, 32, rng);
+    run_case<__half, float, 8, true>("half.vec8.layernorm", 4, 1024, 1, false, 2, 64, rng);
+    run_case<__nv_bfloat16, float, 8, true>("bfloat16.vec8.residual", 4, 512, 1, true, 4, 32, rng);
+    run_case<float, float, 1, true>("float.one_element_rows", 9, 1, 1, false, 4, 32, rng);
+    run_case<float, float, 4, true>("float.long_rows", 2, 16384, 1, false, 2, 512, rng);
+    return 0;
+}
