@@ -103,9 +103,9 @@ def convert(cnp.ndarray src, cnp.ndarray dst):
     rowmap_init(&s, src)
     rowmap_init(&d, dst)
     if s.storage != NATIVE and cnp.PyArray_TYPE(dst) == cnp.NPY_FLOAT32 and d.inner == 4:
-        (lnf_widen_f16 if s.storage == F16 else lnf_widen_bf16)(s.base, s.inner, <float*>d.base, n)
+        load_row[float](&s, 0, n, <float*>d.base)       # widens into dst
     elif d.storage != NATIVE and cnp.PyArray_TYPE(src) == cnp.NPY_FLOAT32 and s.inner == 4:
-        (lnf_narrow_f16 if d.storage == F16 else lnf_narrow_bf16)(<float*>s.base, d.base, d.inner, n)
+        store_row[float](&d, 0, n, <float*>s.base)      # narrows into dst
     else:
         raise TypeError("one of src, dst must be contiguous float32, the other 16-bit")
 
@@ -192,12 +192,38 @@ cdef inline char* row_ptr(const RowMap* m, Py_ssize_t r) noexcept nogil:
 
 
 cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
+    const char* lnf_simd_runtime()
     void lnf_widen_f16(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
     void lnf_narrow_f16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     void lnf_widen_bf16(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
     void lnf_narrow_bf16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     int lnf_force_portable
     int lnf_has_f16c()
+    void lnf_row_sums_f32(const float* x, Py_ssize_t n, double shift, double* s1, double* s2)
+    void lnf_row_sums_f64(const double* x, Py_ssize_t n, double shift, double* s1, double* s2)
+    void lnf_row_normalize_f32(const float* x, float* y, const float* w, const float* b,
+                               Py_ssize_t n, float hi, float lo, float rs,
+                               const float* pa, const float* pb)
+    void lnf_row_normalize_f64(const double* x, double* y, const double* w, const double* b,
+                               Py_ssize_t n, double hi, double lo, double rs,
+                               const double* pa, const double* pb)
+    void lnf_row_scale_f32(const float* x, float* y, const float* w, Py_ssize_t n, float rs,
+                           const float* pa, const float* pb)
+    void lnf_row_scale_f64(const double* x, double* y, const double* w, Py_ssize_t n,
+                           double rs, const double* pa, const double* pb)
+    void lnf_row_grad_sums_f32(const float* x, const float* dy, const float* w, Py_ssize_t n,
+                               float mean, double* out)
+    void lnf_row_grad_sums_f64(const double* x, const double* dy, const double* w, Py_ssize_t n,
+                               double mean, double* out)
+    void lnf_row_grad_f32(const float* x, const float* dy, const float* w, float* dx,
+                          double* dw, double* db, Py_ssize_t n, float mean, float c,
+                          float rstd, float mg, float mgx, const float* pa, const float* pb)
+    void lnf_row_grad_f64(const double* x, const double* dy, const double* w, double* dx,
+                          double* dw, double* db, Py_ssize_t n, double mean, double c,
+                          double rstd, double mg, double mgx, const double* pa,
+                          const double* pb)
+    void lnf_row_add_f32(const float* a, const float* b, float* out, Py_ssize_t n)
+    void lnf_row_add_f64(const double* a, const double* b, double* out, Py_ssize_t n)
 
 
 cdef inline const real* load_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
@@ -239,35 +265,6 @@ cdef inline void store_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
 # Per-row math.  The inner loops are C primitives (rowops.h): float64 sums in
 # fixed lanes, vectorized and dispatched at run time, bitwise the same on
 # every CPU.  Here they are combined into LayerNorm and RMSNorm rows.
-
-cdef extern from "rowops_all.h" nogil:
-    const char* lnf_simd_runtime()
-    void lnf_row_sums_f32(const float* x, Py_ssize_t n, double shift, double* s1, double* s2)
-    void lnf_row_sums_f64(const double* x, Py_ssize_t n, double shift, double* s1, double* s2)
-    void lnf_row_normalize_f32(const float* x, float* y, const float* w, const float* b,
-                               Py_ssize_t n, float hi, float lo, float rs,
-                               const float* pa, const float* pb)
-    void lnf_row_normalize_f64(const double* x, double* y, const double* w, const double* b,
-                               Py_ssize_t n, double hi, double lo, double rs,
-                               const double* pa, const double* pb)
-    void lnf_row_scale_f32(const float* x, float* y, const float* w, Py_ssize_t n, float rs,
-                           const float* pa, const float* pb)
-    void lnf_row_scale_f64(const double* x, double* y, const double* w, Py_ssize_t n,
-                           double rs, const double* pa, const double* pb)
-    void lnf_row_grad_sums_f32(const float* x, const float* dy, const float* w, Py_ssize_t n,
-                               float mean, double* out)
-    void lnf_row_grad_sums_f64(const double* x, const double* dy, const double* w, Py_ssize_t n,
-                               double mean, double* out)
-    void lnf_row_grad_f32(const float* x, const float* dy, const float* w, float* dx,
-                          double* dw, double* db, Py_ssize_t n, float mean, float c,
-                          float rstd, float mg, float mgx, const float* pa, const float* pb)
-    void lnf_row_grad_f64(const double* x, const double* dy, const double* w, double* dx,
-                          double* dw, double* db, Py_ssize_t n, double mean, double c,
-                          double rstd, double mg, double mgx, const double* pa,
-                          const double* pb)
-    void lnf_row_add_f32(const float* a, const float* b, float* out, Py_ssize_t n)
-    void lnf_row_add_f64(const double* a, const double* b, double* out, Py_ssize_t n)
-
 
 cdef inline void row_forward(const real* x, real* y, const real* w,
                              const real* b, Py_ssize_t D, double eps,
