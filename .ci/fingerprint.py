@@ -1,7 +1,8 @@
 """Print a hash of every function's outputs on fixed inputs, all dtypes.
 
 Builds that must agree bit for bit (any thread count, SSE2 or AVX-512, with
-or without OpenMP, gcc or clang) print the same hash.
+or without OpenMP, gcc or clang, vector or plain C row loops) print the same
+hash.
 """
 import hashlib
 
@@ -12,14 +13,17 @@ import lnfast
 
 rng = np.random.default_rng(7)
 h = hashlib.sha256()
-for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-    x = rng.standard_normal((300, 777)).astype(dt)
-    dy = rng.standard_normal(x.shape).astype(dt)
-    w = rng.standard_normal(777).astype(np.float32 if np.dtype(dt).itemsize == 2 else dt)
-    y, m, r = lnfast.layer_norm_forward(x, w, w)
-    outputs = (y, m, r, *lnfast.layer_norm_backward(dy, x, m, r, w),
-               *lnfast.add_layer_norm_forward(x, dy, w, w), *lnfast.rms_norm_forward(x, w),
-               *lnfast.rms_norm_backward(dy, x, lnfast.rms_norm_forward(x, w)[1], w))
-    for a in outputs:
-        h.update(np.ascontiguousarray(a).tobytes())
+for D in (777, 100):     # full blocks and a tail; blocks, single vectors and a tail
+    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+        x = rng.standard_normal((300, D)).astype(dt)
+        dy = rng.standard_normal(x.shape).astype(dt)
+        w = rng.standard_normal(D).astype(np.float32 if np.dtype(dt).itemsize == 2 else dt)
+        y, m, r = lnfast.layer_norm_forward(x, w, w)
+        outputs = (y, m, r, *lnfast.layer_norm_backward(dy, x, m, r, w),
+                   *lnfast.add_layer_norm_forward(x, dy, w, w),
+                   *lnfast.add_layer_norm_backward(dy, x, m, r, w, dz=y),
+                   *lnfast.rms_norm_forward(x, w),
+                   *lnfast.rms_norm_backward(dy, x, lnfast.rms_norm_forward(x, w)[1], w))
+        for a in outputs:
+            h.update(np.ascontiguousarray(a).tobytes())
 print(h.hexdigest())

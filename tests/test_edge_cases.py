@@ -117,3 +117,72 @@ def test_bad_values_get_the_spec_exceptions():
         lnfast.layer_norm(np.ma.masked_array(x, mask=x > 0))
     with pytest.raises(TypeError, match="int16"):
         lnfast._cpu.convert(np.ones(4, np.int16), np.empty(4, np.float32))
+
+
+def test_float32_rows_whose_squares_leave_float32():
+    # Deviations of 1e-21 square to 1e-42 (below float32's normal range) and
+    # of 1e20 to 1e40 (past its top): such rows are redone in float64.
+    rng = np.random.default_rng(5)
+    for scale in (1e-21, 1e20):
+        x = (rng.standard_normal((3, 257)) * scale).astype(np.float32)
+        x[1] += np.float32(100 * scale)     # a common offset 100 times the spread
+        for eps in (0.0, 1e-5):
+            y, mean, rstd = lnfast.layer_norm_forward(x, eps=eps)
+            ry, rmean, rrstd = ref.layer_norm_forward(x, eps=eps)
+            assert np.isfinite(y).all()
+            assert ref.rel_error(y, ry) <= 2e-6
+            assert ref.rel_error(rstd, rrstd) <= 2e-6
+        yr, rstd = lnfast.rms_norm_forward(x[::2], eps=0.0)
+        assert ref.rel_error(yr, ref.rms_norm_forward(x[::2], eps=0.0)[0]) <= 2e-6
+
+
+def test_float32_backward_with_terms_past_float32():
+    # dy * w * (x - mean) reaches 1e40 here: the row sums are redone in float64.
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((4, 129)) * 1e20).astype(np.float32)
+    dy = (rng.standard_normal((4, 129)) * 1e20).astype(np.float32)
+    _, mean, rstd = lnfast.layer_norm_forward(x)
+    dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd)
+    rdx, rdw, rdb = ref.layer_norm_backward(dy, x, mean, rstd)
+    assert np.isfinite(dx).all()
+    assert ref.rel_error(dx, rdx) <= 2e-5
+    assert ref.rel_error(db, rdb) <= 2e-5
+
+
+def test_zero_rows_among_others_are_exact():
+    # Padding rows of zeros take the fast path (their sums are exactly zero).
+    x = np.zeros((3, 100), np.float32)
+    x[1] = np.linspace(-1, 1, 100)
+    y, mean, rstd = lnfast.layer_norm_forward(x)
+    assert (y[0] == 0).all() and (y[2] == 0).all() and mean[0] == 0
+    assert rstd[0] == np.float32(1 / np.sqrt(1e-5))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("D", [1, 3, 7, 64, 100, 4097])
+def test_pipelined_and_gathered_rows_agree_bitwise(rng, dtype, D):
+    # Contiguous rows run software-pipelined (one row's map with the next
+    # row's sums); strided rows are gathered and run one pass at a time.
+    # Both must give the same bits, for every function.
+    x, r, dy, dz = (rng.standard_normal((9, D)).astype(dtype) for _ in range(4))
+    w, b = rng.standard_normal(D).astype(dtype), rng.standard_normal(D).astype(dtype)
+
+    def strided(a):
+        s = np.empty((a.shape[0], 2 * D), dtype)
+        s[:, ::2] = a
+        return s[:, ::2]
+
+    def run(f):
+        return (
+            lnfast.layer_norm_forward(f(x), w, b),
+            lnfast.layer_norm_backward(f(dy), f(x), *lnfast.layer_norm_forward(x, w, b)[1:], w),
+            lnfast.add_layer_norm_forward(f(x), f(r), w, b),
+            lnfast.add_layer_norm_backward(f(dy), f(x), *lnfast.layer_norm_forward(x, w, b)[1:],
+                                           w, dz=f(dz)),
+            lnfast.rms_norm_forward(f(x), w),
+            lnfast.rms_norm_backward(f(dy), f(x), lnfast.rms_norm_forward(x, w)[1], w),
+        )
+
+    for got, want in zip(run(strided), run(lambda a: a)):
+        for g, e in zip(got, want):
+            assert g.tobytes() == e.tobytes()

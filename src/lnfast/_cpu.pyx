@@ -199,31 +199,26 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     void lnf_narrow_bf16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     int lnf_force_portable
     int lnf_has_f16c()
-    void lnf_row_sums_f32(const float* x, Py_ssize_t n, double shift, double* s1, double* s2)
-    void lnf_row_sums_f64(const double* x, Py_ssize_t n, double shift, double* s1, double* s2)
-    void lnf_row_normalize_f32(const float* x, float* y, const float* w, const float* b,
-                               Py_ssize_t n, float hi, float lo, float rs,
-                               const float* pa, const float* pb)
-    void lnf_row_normalize_f64(const double* x, double* y, const double* w, const double* b,
-                               Py_ssize_t n, double hi, double lo, double rs,
-                               const double* pa, const double* pb)
-    void lnf_row_scale_f32(const float* x, float* y, const float* w, Py_ssize_t n, float rs,
-                           const float* pa, const float* pb)
-    void lnf_row_scale_f64(const double* x, double* y, const double* w, Py_ssize_t n,
-                           double rs, const double* pa, const double* pb)
-    void lnf_row_grad_sums_f32(const float* x, const float* dy, const float* w, Py_ssize_t n,
-                               float mean, double* out)
-    void lnf_row_grad_sums_f64(const double* x, const double* dy, const double* w, Py_ssize_t n,
-                               double mean, double* out)
-    void lnf_row_grad_f32(const float* x, const float* dy, const float* w, float* dx,
-                          double* dw, double* db, Py_ssize_t n, float mean, float c,
-                          float rstd, float mg, float mgx, const float* pa, const float* pb)
-    void lnf_row_grad_f64(const double* x, const double* dy, const double* w, double* dx,
-                          double* dw, double* db, Py_ssize_t n, double mean, double c,
-                          double rstd, double mg, double mgx, const double* pa,
-                          const double* pb)
-    void lnf_row_add_f32(const float* a, const float* b, float* out, Py_ssize_t n)
-    void lnf_row_add_f64(const double* a, const double* b, double* out, Py_ssize_t n)
+    void lnf_row_pipe_f32(const float* x, float* y, const float* w, const float* b,
+                          float hi, float lo, float rs, const float* xn, const float* rn,
+                          float* zn, float shift, double* s1, double* s2, Py_ssize_t n)
+    void lnf_row_pipe_f64(const double* x, double* y, const double* w, const double* b,
+                          double hi, double lo, double rs, const double* xn,
+                          const double* rn, double* zn, double shift, double* s1,
+                          double* s2, Py_ssize_t n)
+    void lnf_row_grad_pipe_f32(const float* x, const float* dy, const float* dz, float* dx,
+                               const float* k, double* dw, double* db, const float* xn,
+                               const float* dyn, float mean_n, double* out, const float* w,
+                               Py_ssize_t n)
+    void lnf_row_grad_pipe_f64(const double* x, const double* dy, const double* dz, double* dx,
+                               const double* k, double* dw, double* db, const double* xn,
+                               const double* dyn, double mean_n, double* out,
+                               const double* w, Py_ssize_t n)
+
+
+cdef enum:     # per-thread scratch, in rows of D elements
+    FORWARD_SCRATCH = 4                     # rows: x, residual, z, y
+    BACKWARD_SCRATCH = 4                    # rows: x, dy, dx, dz
 
 
 cdef inline const real* load_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
@@ -266,98 +261,145 @@ cdef inline void store_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
 # fixed lanes, vectorized and dispatched at run time, bitwise the same on
 # every CPU.  Here they are combined into LayerNorm and RMSNorm rows.
 
-cdef inline void row_forward(const real* x, real* y, const real* w,
-                             const real* b, Py_ssize_t D, double eps,
-                             bint centered, real* mean_out, real* rstd_out,
-                             const real* pa, const real* pb) noexcept nogil:
-    """One row of LayerNorm (centered) or RMSNorm; mean and rstd are stored
-    through the pointers unless they are NULL.  pa, pb: the next row's
-    inputs, prefetched while this row is written (or NULL).
-
-    LayerNorm sums run in float64 over x - x[0]: shifting by a member of the
-    row keeps the sums of the size of the row's spread rather than its
-    offset, so the cancellation in S2/D - (S1/D)^2 costs at most ~D ulps of
-    float64 (typically one) -- not the textbook E[x^2] - E[x]^2 in working
-    precision, which returns garbage for rows like [40000, 40001, 40002, 40003].
-    The float64 mean is then applied as hi + lo of type `real`: x - hi is
-    exact for x near the mean, so float32 rows with a large common offset
-    keep the digits that a float32 mean would round away.
-    RMSNorm sums x^2 without a shift: its terms are all positive.
-    """
-    cdef double shift = x[0] if centered else 0.0
-    cdef double s1, s2, mean, var, rstd
+cdef inline void row_pipe(const real* x, real* y, const real* w, const real* b,
+                          real hi, real lo, real rs, const real* xn, const real* rn,
+                          real* zn, double* s, Py_ssize_t D, bint centered) noexcept nogil:
+    """rowops.h lnf_row_pipe: the map of row x into y (x NULL: none) and the
+    sums s[0], s[1] of the next row xn (+ rn, stored to zn), shifted by its
+    first element when centered (xn NULL: none)."""
+    cdef real shift = 0
+    if xn != NULL and centered:
+        shift = xn[0] + rn[0] if rn != NULL else xn[0]
     if real is float:
-        lnf_row_sums_f32(x, D, shift, &s1, &s2)
+        lnf_row_pipe_f32(x, y, w, b, hi, lo, rs, xn, rn, zn, shift, s, s + 1, D)
     else:
-        lnf_row_sums_f64(x, D, shift, &s1, &s2)
+        lnf_row_pipe_f64(x, y, w, b, hi, lo, rs, xn, rn, zn, shift, s, s + 1, D)
+
+
+cdef inline bint row_stats(real x0, const double* s, Py_ssize_t D, double eps,
+                           bint centered, real* k) noexcept nogil:
+    """k = {hi, lo, rstd} of a row from its sums over x - x0 (RMSNorm: over x,
+    x0 ignored); False for the rare float32 rows that row_exact must redo.
+
+    LayerNorm sums run over x - x[0]: shifting by a member of the row keeps
+    the sums of the size of the row's spread rather than its offset (and the
+    differences of nearby values exact), so the cancellation in
+    S2/D - (S1/D)^2 costs at most ~D ulps of float64 (typically one) -- not
+    the textbook E[x^2] - E[x]^2 in working precision, which returns garbage
+    for rows like [40000, 40001, 40002, 40003].  The float64 mean is then
+    applied as hi + lo of type `real`: x - hi is exact for x near the mean,
+    so float32 rows with a large common offset keep the digits that a
+    float32 mean would round away.  RMSNorm sums x^2 without a shift.
+    """
+    cdef double mean = s[0] / D if centered else 0.0
+    cdef double var = s[1] / D - mean * mean
+    var = 0.0 if var < 0.0 else var      # clamp rounding below zero; NaN stays
+    cdef double rstd = 1.0 / sqrt(var + eps)
+    if real is float:
+        # float32 squares: a row whose variance is below 1e-30 (other than
+        # exactly constant) may have lost squares to underflow, and one near
+        # float32's top may have overflowed; such rows, and rows whose
+        # deviations or rstd leave float32's range, are done in float64.
+        if not ((var >= 1e-30 or (s[0] == 0.0 and s[1] == 0.0)) and D * var < 1e72
+                and 1e-30 < rstd < 1e30):
+            return False
+    if centered:
+        mean += x0
+    k[0] = <real>mean
+    k[1] = <real>(mean - <double>k[0])
+    k[2] = <real>rstd
+    return True
+
+
+cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
+                           Py_ssize_t D, double eps, bint centered,
+                           real* k) noexcept nogil:
+    """A row with every term in float64, sums included: for float32 rows
+    past row_stats' limits.  k = {mean, 0, rstd} as stored."""
+    cdef double shift = x[0] if centered else 0.0
+    cdef double s1 = 0.0, s2 = 0.0, d, mean, var, rstd
+    cdef Py_ssize_t i
+    for i in range(D):
+        d = <double>x[i] - shift
+        s1 += d
+        s2 += d * d
     mean = s1 / D if centered else 0.0
     var = s2 / D - mean * mean
-    var = 0.0 if var < 0.0 else var      # clamp rounding below zero; NaN stays
+    var = 0.0 if var < 0.0 else var
     mean += shift
     rstd = 1.0 / sqrt(var + eps)
-    cdef real hi = <real>mean
-    cdef real lo = <real>(mean - <double>hi)
-    cdef real rs = <real>rstd
-    cdef Py_ssize_t i
-    if real is float:
-        # Rows near float32's limits: deviations up to sqrt(D var) could
-        # overflow, or rstd leave the normal range.  Rare; done in float64.
-        if not (1e-30 < rstd < 1e30 and D * var < 1e72):
-            for i in range(D):
-                y[i] = <float>((<double>x[i] - mean) * rstd * w[i] + (b[i] if centered else 0.0))
-            if mean_out != NULL:
-                mean_out[0] = hi
-            if rstd_out != NULL:
-                rstd_out[0] = rs
-            return
-    if centered:
-        if real is float:
-            lnf_row_normalize_f32(x, y, w, b, D, hi, lo, rs, pa, pb)
-        else:
-            lnf_row_normalize_f64(x, y, w, b, D, hi, lo, rs, pa, pb)
+    for i in range(D):
+        y[i] = <real>((<double>x[i] - mean) * rstd * w[i] + (b[i] if centered else 0.0))
+    k[0] = <real>mean
+    k[1] = 0
+    k[2] = <real>rstd
+
+
+cdef inline void row_finish(const real* x, real* y, const real* w, const real* b,
+                            const double* s, Py_ssize_t D, double eps, bint centered,
+                            const real* xn, const real* rn, real* zn, double* sn,
+                            real* mean_out, real* rstd_out) noexcept nogil:
+    """Normalize row x (its sums s) into y while the next row's sums are
+    taken (xn, rn, zn, sn as in row_pipe; xn NULL: no next row); store its
+    mean and rstd where the pointers are not NULL."""
+    cdef real k[3]
+    if row_stats(x[0], s, D, eps, centered, k):
+        row_pipe(x, y, w, b if centered else NULL, k[0], k[1], k[2], xn, rn, zn, sn, D,
+                 centered)
     else:
-        if real is float:
-            lnf_row_scale_f32(x, y, w, D, rs, pa, pb)
-        else:
-            lnf_row_scale_f64(x, y, w, D, rs, pa, pb)
+        row_exact(x, y, w, b, D, eps, centered, k)
+        if xn != NULL:
+            row_pipe(NULL, NULL, w, b, 0, 0, 0, xn, rn, zn, sn, D, centered)
     if mean_out != NULL:
-        mean_out[0] = hi
+        mean_out[0] = k[0]
     if rstd_out != NULL:
-        rstd_out[0] = rs
+        rstd_out[0] = k[2]
 
 
-cdef inline void row_backward(const real* x, const real* dy, const real* w,
-                              real* dx, double* dw, double* db, Py_ssize_t D,
-                              bint centered, real mean, real rstd,
-                              const real* pa, const real* pb) noexcept nogil:
-    """dx of one row, and its dy * xhat added into dw (and dy into db).
+cdef inline void row_grad_pipe(const real* x, const real* dy, const real* dz, real* dx,
+                               const real* k, double* dw, double* db, const real* xn,
+                               const real* dyn, real mean_n, double* s, const real* w,
+                               Py_ssize_t D) noexcept nogil:
+    """rowops.h lnf_row_grad_pipe: the map of row x (x NULL: none) and the
+    sums s[0..2] of the next row xn (xn NULL: none)."""
+    if real is float:
+        lnf_row_grad_pipe_f32(x, dy, dz, dx, k, dw, db, xn, dyn, mean_n, s, w, D)
+    else:
+        lnf_row_grad_pipe_f64(x, dy, dz, dx, k, dw, db, xn, dyn, mean_n, s, w, D)
 
-    LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+
+cdef inline void row_grad_scalars(const real* x, const real* dy, const real* w,
+                                  Py_ssize_t D, bint centered, real mean, real rstd,
+                                  double* s, real* k) noexcept nogil:
+    """The per-row scalars of the backward map from the row's sums s =
+    {sum(x - mean), sum(g), sum(g * (x - mean))}, g = dy * w:
+    k = {mean, c, rstd, mean(g), mean(g * xhat)}.
+
+    LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
     RMSNorm (centered=False, mean = 0): dx = rstd * (g - xhat * mean(g * xhat)).
     The stored mean (rounded to `real`) serves as a shift; the residual
     c = mean(x - mean) is recovered in float64, so xhat = (x - mean - c) * rstd
     is as accurate as the forward pass even for large common offsets.
     """
-    cdef double s[3]        # sum(x - mean), sum(g), sum(g * (x - mean))
+    cdef double d, g
+    cdef Py_ssize_t i
     if real is float:
-        lnf_row_grad_sums_f32(x, dy, w, D, mean, s)
-    else:
-        lnf_row_grad_sums_f64(x, dy, w, D, mean, s)
+        # Terms past float32's range (the sums come out infinite or NaN):
+        # redo the sums with float64 terms.
+        if not (-1e300 < s[0] + s[1] + s[2] < 1e300):
+            s[0] = s[1] = s[2] = 0.0
+            for i in range(D):
+                d = <double>x[i] - mean
+                g = <double>dy[i] * w[i]
+                s[0] += d
+                s[1] += g
+                s[2] += g * d
     cdef double c = s[0] / D if centered else 0.0
-    cdef real mg = <real>(s[1] / D) if centered else 0        # mean(g)
-    cdef real mgx = <real>(rstd * (s[2] - c * s[1]) / D)      # mean(g * xhat)
-    if real is float:
-        lnf_row_grad_f32(x, dy, w, dx, dw, db, D, mean, <float>c, rstd, mg, mgx, pa, pb)
-    else:
-        lnf_row_grad_f64(x, dy, w, dx, dw, db, D, mean, c, rstd, mg, mgx, pa, pb)
-
-
-cdef inline void add_row(const real* a, const real* b, real* out,
-                         Py_ssize_t D) noexcept nogil:
-    if real is float:
-        lnf_row_add_f32(a, b, out, D)
-    else:
-        lnf_row_add_f64(a, b, out, D)
+    k[0] = mean
+    k[1] = <real>c
+    k[2] = rstd
+    k[3] = <real>(s[1] / D) if centered else 0                 # mean(g)
+    k[4] = <real>(rstd * (s[2] - c * s[1]) / D)               # mean(g * xhat)
 
 
 # ---------------------------------------------------------------------------
@@ -374,67 +416,142 @@ cdef struct Rows:
     int nthreads
 
 
-cdef inline const char* next_row(const RowMap* m, Py_ssize_t r, Py_ssize_t end,
-                                 Py_ssize_t itemsize) noexcept nogil:
-    """Row r to prefetch, if it exists and is a contiguous row of the compute
-    type (else NULL)."""
-    if r >= end or m.inner != itemsize or m.storage != NATIVE:
-        return NULL
-    return row_ptr(m, r)
-
-
 cdef inline real* out_row(const RowMap* m, Py_ssize_t r, real* buf) noexcept nogil:
     """Where to compute output row r: in place, or in `buf` for store_row."""
     return <real*>row_ptr(m, r) if m.inner == sizeof(real) and m.storage == NATIVE else buf
 
 
-cdef void forward_rows(const Rows* a, const real* w, const real* b,
-                       real* mean_out, real* rstd_out, real* scratch) noexcept:
+cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_out,
+                        real* rstd_out, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Rows r0..r1-1 of arrays whose rows are all contiguous rows of the
+    compute type (no scratch needed), software-pipelined:
+    one sweep normalizes row r and sums row r + 1 (and forms z = x + residual
+    of row r + 1), so reading the next row overlaps writing this one."""
     cdef Py_ssize_t r, D = a.D
+    cdef double s[2]
+    cdef double sn[2]
     cdef const real* xr
+    cdef const real* xn
+    cdef const real* rn = NULL
+    cdef real* zn = NULL
+    if a.has_res:
+        rn = <const real*>row_ptr(&a.res, r0)
+        zn = <real*>row_ptr(&a.z, r0)
+    row_pipe(NULL, NULL, w, b, 0, 0, 0, <const real*>row_ptr(&a.x, r0), rn, zn, s, D,
+             a.centered)
+    for r in range(r0, r1):
+        xr = <const real*>row_ptr(&a.z if a.has_res else &a.x, r)
+        xn = NULL
+        if r + 1 < r1:
+            xn = <const real*>row_ptr(&a.x, r + 1)
+            if a.has_res:
+                rn = <const real*>row_ptr(&a.res, r + 1)
+                zn = <real*>row_ptr(&a.z, r + 1)
+        row_finish(xr, <real*>row_ptr(&a.y, r), w, b, s, D, a.eps, a.centered,
+                   xn, rn, zn, sn, mean_out + r if mean_out != NULL else NULL,
+                   rstd_out + r if rstd_out != NULL else NULL)
+        s[0] = sn[0]
+        s[1] = sn[1]
+
+
+cdef void forward_row(const Rows* a, const real* w, const real* b, real* mean_out,
+                      real* rstd_out, Py_ssize_t r, real* buf) noexcept nogil:
+    """Row r of arrays with some rows strided or 16-bit: such rows
+    are gathered into `buf` (4 rows) and stored back.  The same arithmetic
+    as forward_block, one pass after another."""
+    cdef Py_ssize_t D = a.D
+    cdef double s[2]
+    cdef const real* xr = load_row(&a.x, r, D, buf)
     cdef real* zr
     cdef real* yr
-    cdef real* buf = NULL
-    with nogil, parallel(num_threads=a.nthreads, use_threads_if=a.nthreads > 1):
-        buf = scratch + 4 * D * omp_get_thread_num() if scratch != NULL else NULL
-        for r in prange(a.M, schedule='static'):
-            xr = load_row(&a.x, r, D, buf)
-            if a.has_res:       # z = x + residual, then normalize z from cache
-                zr = out_row(&a.z, r, buf + 2 * D)
-                add_row(xr, load_row(&a.res, r, D, buf + D), zr, D)
-                xr = zr
-                if buf != NULL and zr == buf + 2 * D:   # computed in scratch
-                    store_row(&a.z, r, D, zr)
-                    if a.z.storage != NATIVE:   # normalize the z that is returned
-                        xr = load_row(&a.z, r, D, zr)
-            yr = out_row(&a.y, r, buf + 3 * D)
-            row_forward(xr, yr, w, b, D, a.eps, a.centered,
-                        mean_out + r if mean_out != NULL else NULL,
-                        rstd_out + r if rstd_out != NULL else NULL,
-                        <const real*>next_row(&a.x, r + 1, a.M, sizeof(real)),
-                        <const real*>next_row(&a.res, r + 1, a.M, sizeof(real))
-                        if a.has_res else NULL)
-            if buf != NULL and yr == buf + 3 * D:
-                store_row(&a.y, r, D, yr)
+    if a.has_res:       # z = x + residual, then normalize z from cache
+        zr = out_row(&a.z, r, buf + 2 * D)
+        row_pipe(NULL, NULL, w, b, 0, 0, 0, xr, load_row(&a.res, r, D, buf + D), zr, s, D,
+                 a.centered)
+        xr = zr
+        if zr == buf + 2 * D:                   # computed in scratch
+            store_row(&a.z, r, D, zr)
+            if a.z.storage != NATIVE:           # normalize the z that is returned
+                xr = load_row(&a.z, r, D, zr)
+                row_pipe(NULL, NULL, w, b, 0, 0, 0, xr, NULL, NULL, s, D, a.centered)
+    else:
+        row_pipe(NULL, NULL, w, b, 0, 0, 0, xr, NULL, NULL, s, D, a.centered)
+    yr = out_row(&a.y, r, buf + 3 * D)
+    row_finish(xr, yr, w, b, s, D, a.eps, a.centered, NULL, NULL, NULL, NULL,
+               mean_out + r if mean_out != NULL else NULL,
+               rstd_out + r if rstd_out != NULL else NULL)
+    if yr == buf + 3 * D:
+        store_row(&a.y, r, D, yr)
 
 
-cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
+cdef void forward_rows(const Rows* a, const real* w, const real* b,
+                       real* mean_out, real* rstd_out, real* scratch) noexcept:
+    """Each thread takes one contiguous block of rows (rows are independent:
+    the split does not change any result)."""
+    cdef Py_ssize_t r, t, M = a.M, nt = a.nthreads
+    cdef real* buf
+    if scratch == NULL:                 # every row direct
+        for t in prange(nt, nogil=True, schedule='static', num_threads=nt,
+                        use_threads_if=nt > 1):
+            if t * M // nt < (t + 1) * M // nt:
+                forward_block(a, w, b, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt)
+        return
+    with nogil, parallel(num_threads=nt, use_threads_if=nt > 1):
+        buf = scratch + FORWARD_SCRATCH * a.D * omp_get_thread_num()
+        for r in prange(M, schedule='static'):
+            forward_row(a, w, b, mean_out, rstd_out, r, buf)
+
+
+cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
-                                double* dw, real* buf) noexcept nogil:
-    """Rows r0..r1-1 in order, their dweight/dbias summed into dw[0:D], dw[D:2D]."""
+                                double* dw) noexcept nogil:
+    """Rows r0..r1-1 of arrays whose rows are all contiguous rows of the
+    compute type, in order, software-pipelined as forward_block: one sweep
+    maps row r (dx, and its terms into dw[0:D], dw[D:2D]) and sums row r + 1."""
     cdef Py_ssize_t r, D = a.D
-    cdef real* dxr
+    cdef double s[3]
+    cdef real k[5]
+    cdef const real* xr
+    cdef const real* dyr
+    cdef const real* xn
+    cdef const real* dyn
+    cdef real mn = 0
+    row_grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, <const real*>row_ptr(&a.x, r0),
+                  <const real*>row_ptr(&a.dy, r0), mean[r0] if a.centered else 0, s, w, D)
     for r in range(r0, r1):
-        dxr = out_row(&a.dx, r, buf + 2 * D)
-        row_backward(load_row(&a.x, r, D, buf), load_row(&a.dy, r, D, buf + D),
-                     w, dxr, dw, dw + D if a.centered else NULL, D, a.centered,
-                     mean[r] if a.centered else 0, rstd[r],
-                     <const real*>next_row(&a.x, r + 1, r1, sizeof(real)),
-                     <const real*>next_row(&a.dy, r + 1, r1, sizeof(real)))
-        if a.has_dz:    # the gradient reaching z also flows on unchanged
-            add_row(dxr, load_row(&a.dz, r, D, buf + 3 * D), dxr, D)
-        if buf != NULL and dxr == buf + 2 * D:
-            store_row(&a.dx, r, D, dxr)
+        xr = <const real*>row_ptr(&a.x, r)
+        dyr = <const real*>row_ptr(&a.dy, r)
+        row_grad_scalars(xr, dyr, w, D, a.centered, mean[r] if a.centered else 0,
+                         rstd[r], s, k)
+        xn = dyn = NULL
+        if r + 1 < r1:
+            xn = <const real*>row_ptr(&a.x, r + 1)
+            dyn = <const real*>row_ptr(&a.dy, r + 1)
+            mn = mean[r + 1] if a.centered else 0
+        row_grad_pipe(xr, dyr, <const real*>row_ptr(&a.dz, r) if a.has_dz else NULL,
+                      <real*>row_ptr(&a.dx, r), k, dw, dw + D if a.centered else NULL,
+                      xn, dyn, mn, s, w, D)
+
+
+cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
+                              const real* rstd, Py_ssize_t r, double* dw,
+                              real* buf) noexcept nogil:
+    """Row r of arrays with some rows strided or 16-bit, gathered into `buf`
+    (4 rows: x, dy, dx, dz) and stored back: the arithmetic of
+    backward_block, one pass after another."""
+    cdef Py_ssize_t D = a.D
+    cdef double s[3]
+    cdef real k[5]
+    cdef real m = mean[r] if a.centered else 0
+    cdef const real* xr = load_row(&a.x, r, D, buf)
+    cdef const real* dyr = load_row(&a.dy, r, D, buf + D)
+    cdef real* dxr = out_row(&a.dx, r, buf + 2 * D)
+    row_grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, xr, dyr, m, s, w, D)
+    row_grad_scalars(xr, dyr, w, D, a.centered, m, rstd[r], s, k)
+    row_grad_pipe(xr, dyr, load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL,
+                  dxr, k, dw, dw + D if a.centered else NULL, NULL, NULL, 0, s, w, D)
+    if dxr == buf + 2 * D:
+        store_row(&a.dx, r, D, dxr)
 
 
 cdef enum:
@@ -460,15 +577,19 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible."""
-    cdef Py_ssize_t c, k, M = a.M, D = a.D
+    cdef Py_ssize_t c, k, r, M = a.M, D = a.D
     cdef Py_ssize_t nblocks = (2 * D + SUM_BLOCK - 1) // SUM_BLOCK
     cdef real* buf = NULL
     with nogil, parallel(num_threads=a.nthreads, use_threads_if=a.nthreads > 1):
-        buf = scratch + 4 * D * omp_get_thread_num() if scratch != NULL else NULL
+        buf = scratch + BACKWARD_SCRATCH * D * omp_get_thread_num() if scratch != NULL else NULL
         for c in prange(nchunks, schedule='static'):
             memset(partials + 2 * D * c, 0, 2 * D * sizeof(double))
-            backward_chunk(a, w, mean, rstd, c * M // nchunks,
-                           (c + 1) * M // nchunks, partials + 2 * D * c, buf)
+            if buf == NULL:
+                backward_block(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
+                               partials + 2 * D * c)
+            else:
+                for r in range(c * M // nchunks, (c + 1) * M // nchunks):
+                    backward_row(a, w, mean, rstd, r, partials + 2 * D * c, buf)
     # Worth threads only when the partials are large.
     for k in prange(nblocks, nogil=True, schedule='static', num_threads=a.nthreads,
                     use_threads_if=a.nthreads > 1 and nblocks * nchunks > 256):
@@ -495,10 +616,10 @@ cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
     return 0
 
 
-cdef cnp.ndarray row_scratch(const Rows* a, cnp.ndarray w, tuple arrays):
-    """4 rows of per-thread scratch in the compute type (w's), only when some
-    row is not a contiguous row of that type."""
-    cdef cnp.npy_intp n = 4 * a.D * a.nthreads
+cdef cnp.ndarray row_scratch(const Rows* a, cnp.ndarray w, tuple arrays, int rows):
+    """`rows` rows of per-thread scratch in the compute type (w's), only when
+    some row is not a contiguous row of that type."""
+    cdef cnp.npy_intp n = rows * a.D * a.nthreads
     for arr in arrays:
         if arr is not None and (
                 cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(w)
@@ -520,7 +641,7 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
         a.has_res = True
         rowmap_init(&a.res, residual)
         rowmap_init(&a.z, z)
-    scratch = row_scratch(&a, w, (x, residual, z, y))
+    scratch = row_scratch(&a, w, (x, residual, z, y), FORWARD_SCRATCH)
     if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
         forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
                             <float*>data_or_null(mean), <float*>data_or_null(rstd),
@@ -552,7 +673,7 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
         rowmap_init(&a.dz, dz)
     shape[0] = 2 * a.D * nchunks
     cdef cnp.ndarray partials = cnp.PyArray_EMPTY(1, shape, cnp.NPY_FLOAT64, 0)
-    scratch = row_scratch(&a, w, (x, dy, dz, dx))
+    scratch = row_scratch(&a, w, (x, dy, dz, dx), BACKWARD_SCRATCH)
     if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks,

@@ -1,196 +1,332 @@
-/* Row primitives of the CPU kernels: the inner loops, for one row.
+/* Row primitives of the CPU kernels: the inner loops.
  *
  * This file is a template: rowops_all.h includes it once per element type,
- * with LNF_T (float or double) and LNF_SUFFIX (f32 or f64) defined.  The
- * Cython drivers in _cpu.pyx call these functions per row.
+ * with LNF_T (float or double), LNF_SUFFIX (f32 or f64) and LNF_NV (64-byte
+ * vectors per LNF_LANES elements) defined.  The Cython drivers in _cpu.pyx
+ * call these functions per row, or per group of rows.
  *
- * Sums are float64 in LNF_LANES lanes: lane k adds the elements k, k + LANES,
- * k + 2 LANES, ... in order, then the lanes are folded pairwise and the
- * n % LANES tail, summed on its own, is added last.  The GCC/clang vector
- * code and the plain C fallback follow exactly this order, so every build
- * and every instruction set gives the same bits.
+ * Sums run in LNF_LANES float64 lanes, fed in blocks: lane k first adds up
+ * LNF_BLOCK elements k, k + LANES, k + 2 LANES, ... in LNF_T, in order, and
+ * the block sum is widened and added to the lane.  One conversion per block
+ * instead of one per element keeps float32 rows at memory speed; a block sum
+ * of four float32 terms costs about one float32 rounding of a term, far
+ * below the output's own rounding.  After the full blocks, single vectors
+ * are blocks of one; the n % LANES tail is summed on its own and added
+ * last, after the lanes are folded pairwise.  The GCC/clang vector code and
+ * the plain C fallback follow exactly this order, so every build and every
+ * instruction set gives the same bits.
  */
 #define LNF_CAT_(a, b) a##_##b
 #define LNF_CAT(a, b) LNF_CAT_(a, b)
 #define LNF_FN(name) LNF_CAT(name, LNF_SUFFIX)
+#define LNF_STEP (LNF_LANES * LNF_BLOCK)
+#define LNF_LINE ((ptrdiff_t)(64 / sizeof(LNF_T)))
 
 #if LNF_VECTOR
-/* LNF_T vectors of 8 elements, loaded without alignment requirements.
- * Macros, not functions: wide vectors may not cross a call in the baseline
- * (SSE2) build. */
-typedef LNF_T LNF_CAT(lnf_v8, LNF_SUFFIX) __attribute__((vector_size(8 * sizeof(LNF_T))));
-#define LNF_VT LNF_CAT(lnf_v8, LNF_SUFFIX)
+/* LNF_LANES elements are LNF_NV vectors of 64 bytes, loaded and stored
+ * without alignment requirements.  Macros, not functions: wide vectors may
+ * not cross a call in the baseline (SSE2) build. */
+typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
+#define LNF_VT LNF_CAT(lnf_v, LNF_SUFFIX)
 #define LNF_LOAD(p) ({ LNF_VT v_; memcpy(&v_, (p), sizeof v_); v_; })
-#define LNF_WIDEN(v) __builtin_convertvector((v), lnf_vd)
+#define LNF_STORE(p, v) do { LNF_VT s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
+#define LNF_SPLAT(s) ((LNF_T)(s) - (LNF_VT){0})
+/* acc[0], acc[1] (the float64 lanes) += s[0 .. LNF_NV), widened. */
+#if LNF_NV == 1
+#define LNF_ACC(acc, s)                                                       \
+    do {                                                                      \
+        lnf_vd2 w_ = __builtin_convertvector((s)[0], lnf_vd2);                \
+        (acc)[0] += LNF_HALF(w_, 0);                                          \
+        (acc)[1] += LNF_HALF(w_, 1);                                          \
+    } while (0)
+#else
+#define LNF_ACC(acc, s) do { (acc)[0] += (s)[0]; (acc)[1] += (s)[1]; } while (0)
+#endif
+/* acc[0], acc[1] += s as above, for 16 float64 values in memory at p. */
+#define LNF_ACC_MEM(p, s)                                                     \
+    do {                                                                      \
+        lnf_vd m_[2];                                                         \
+        m_[0] = LNF_LOADD(p), m_[1] = LNF_LOADD((p) + 8);                     \
+        LNF_ACC(m_, s);                                                       \
+        LNF_STORED(p, m_[0]);                                                 \
+        LNF_STORED((p) + 8, m_[1]);                                           \
+    } while (0)
+#define LNF_ZERO(acc) ((acc)[0] = (acc)[1] = (lnf_vd){0})
+#define LNF_SPILL(s, acc) memcpy((s), (acc), sizeof(acc))
 #endif
 
-/* s1 = sum(x - shift), s2 = sum((x - shift)^2), in float64. */
-LNF_DISPATCH static void LNF_FN(lnf_row_sums)(const LNF_T *x, ptrdiff_t n, double shift,
-                                              double *s1_out, double *s2_out)
+/* The forward pass over one row's columns, doing up to two things in one
+ * sweep (the software pipeline of the forward driver):
+ *
+ * - the map of a row (x != NULL):  y = ((x - hi) - lo) * rs * w + b, or
+ *   y = x * rs * w when b is NULL (RMSNorm).  y may be x itself.
+ * - the sums of the next row (xn != NULL): v = xn, or v = xn + rn stored to
+ *   zn when rn is not NULL (the fused residual add), and
+ *   s1 = sum(v - shift), s2 = sum((v - shift)^2), differences and squares
+ *   in LNF_T, sums in float64 lanes fed in blocks.
+ *
+ * Doing both at once keeps memory busy: the next row streams in while this
+ * one is written, rather than each row's read waiting on its own write.
+ * shift is the row's first element, so differences of close values are
+ * exact; the caller redoes in float64 the rare rows whose squares could
+ * overflow or underflow LNF_T.  Sums do not depend on whether a map ran
+ * alongside. */
+LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_T *x, LNF_T *y,
+                                              const LNF_T *__restrict w,
+                                              const LNF_T *__restrict b, LNF_T hi, LNF_T lo,
+                                              LNF_T rs, const LNF_T *xn, const LNF_T *rn,
+                                              LNF_T *zn, LNF_T shift, double *s1_out,
+                                              double *s2_out, ptrdiff_t n)
 {
     double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0}, t1 = 0.0, t2 = 0.0;
-    ptrdiff_t i = 0, body = n - n % LNF_LANES;
+    ptrdiff_t i = 0;
+#define LNF_MAP1(j) y[j] = b != NULL ? ((x[j] - hi) - lo) * rs * w[j] + b[j] : x[j] * rs * w[j]
+#define LNF_NEXT1(j) (rn != NULL ? (zn[j] = xn[j] + rn[j]) : xn[j])
 #if LNF_VECTOR
-    lnf_vd a[LNF_LANES / 8], b[LNF_LANES / 8];
-    const lnf_vd sh = shift - (lnf_vd){0};
-    for (int v = 0; v < LNF_LANES / 8; v++)
-        a[v] = b[v] = (lnf_vd){0};
-    for (; i < body; i += LNF_LANES)
-        for (int v = 0; v < LNF_LANES / 8; v++) {
-            lnf_vd d = LNF_WIDEN(LNF_LOAD(x + i + 8 * v)) - sh;
-            a[v] += d;
-            b[v] += d * d;
+    lnf_vd a[2], c[2];
+    const LNF_VT sh = LNF_SPLAT(shift), vhi = LNF_SPLAT(hi), vlo = LNF_SPLAT(lo),
+                 vrs = LNF_SPLAT(rs);
+    LNF_ZERO(a), LNF_ZERO(c);
+#define LNF_MAP(j)                                                                 \
+    do {                                                                           \
+        LNF_VT xv_ = LNF_LOAD(x + (j)), wv_ = LNF_LOAD(w + (j));                   \
+        LNF_STORE(y + (j), b != NULL ? ((xv_ - vhi) - vlo) * vrs * wv_ + LNF_LOAD(b + (j)) \
+                                     : xv_ * vrs * wv_);                           \
+    } while (0)
+#define LNF_NEXT(j)                                                                \
+    ({                                                                             \
+        LNF_VT v_ = LNF_LOAD(xn + (j));                                            \
+        if (rn != NULL) {                                                          \
+            v_ += LNF_LOAD(rn + (j));                                              \
+            LNF_STORE(zn + (j), v_);                                               \
+        }                                                                          \
+        v_ - sh;                                                                   \
+    })
+    for (; i + LNF_STEP <= n; i += LNF_STEP) {
+        if (x != NULL)
+            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LINE)
+                LNF_MAP(j);
+        if (xn != NULL) {
+            LNF_VT p[LNF_NV], q[LNF_NV];
+            for (int v = 0; v < LNF_NV; v++) {
+                LNF_VT d = LNF_NEXT(i + v * LNF_LINE);
+                p[v] = d, q[v] = d * d;
+                for (int k = 1; k < LNF_BLOCK; k++) {
+                    d = LNF_NEXT(i + k * LNF_LANES + v * LNF_LINE);
+                    p[v] += d, q[v] += d * d;
+                }
+            }
+            LNF_ACC(a, p);
+            LNF_ACC(c, q);
         }
-    memcpy(s1, a, sizeof s1);
-    memcpy(s2, b, sizeof s2);
+    }
+    for (; i + LNF_LANES <= n; i += LNF_LANES) {
+        if (x != NULL)
+            for (ptrdiff_t j = i; j < i + LNF_LANES; j += LNF_LINE)
+                LNF_MAP(j);
+        if (xn != NULL) {
+            LNF_VT p[LNF_NV], q[LNF_NV];
+            for (int v = 0; v < LNF_NV; v++) {
+                p[v] = LNF_NEXT(i + v * LNF_LINE);
+                q[v] = p[v] * p[v];
+            }
+            LNF_ACC(a, p);
+            LNF_ACC(c, q);
+        }
+    }
+#undef LNF_MAP
+#undef LNF_NEXT
+    LNF_SPILL(s1, a), LNF_SPILL(s2, c);
 #else
-    for (; i < body; i += LNF_LANES)
-        for (int k = 0; k < LNF_LANES; k++) {
-            double d = (double)x[i + k] - shift;
-            s1[k] += d;
-            s2[k] += d * d;
-        }
+    ptrdiff_t body = n - n % LNF_LANES;
+    if (x != NULL)
+        for (ptrdiff_t j = 0; j < body; j++)
+            LNF_MAP1(j);
+    if (xn != NULL) {
+        for (; i + LNF_STEP <= n; i += LNF_STEP)
+            for (int k = 0; k < LNF_LANES; k++) {
+                LNF_T d = LNF_NEXT1(i + k) - shift, p = d, q = d * d;
+                for (int j = 1; j < LNF_BLOCK; j++) {
+                    d = LNF_NEXT1(i + j * LNF_LANES + k) - shift;
+                    p += d, q += d * d;
+                }
+                s1[k] += p, s2[k] += q;
+            }
+        for (; i + LNF_LANES <= n; i += LNF_LANES)
+            for (int k = 0; k < LNF_LANES; k++) {
+                LNF_T d = LNF_NEXT1(i + k) - shift, q = d * d;
+                s1[k] += d, s2[k] += q;
+            }
+    }
+    i = body;
 #endif
     for (; i < n; i++) {
-        double d = (double)x[i] - shift;
-        t1 += d;
-        t2 += d * d;
+        if (x != NULL)
+            LNF_MAP1(i);
+        if (xn != NULL) {
+            LNF_T d = LNF_NEXT1(i) - shift, q = d * d;
+            t1 += d, t2 += q;
+        }
     }
-    *s1_out = lnf_fold(s1) + t1;
-    *s2_out = lnf_fold(s2) + t2;
+#undef LNF_MAP1
+#undef LNF_NEXT1
+    if (xn != NULL) {
+        *s1_out = lnf_fold(s1) + t1;
+        *s2_out = lnf_fold(s2) + t2;
+    }
 }
 
-/* Row maps take the next row's inputs, pa and pb (either may be NULL), and
- * prefetch one cache line of each per line of output: the next row streams
- * in from memory while this one computes, instead of after it. */
-#define LNF_LINE ((ptrdiff_t)(64 / sizeof(LNF_T)))
-#define LNF_MAP_PREFETCHING(n, pa, pb, BODY)                      \
-    do {                                                          \
-        ptrdiff_t i_ = 0;                                         \
-        if ((pa) != NULL)                                         \
-            for (; i_ + LNF_LINE <= (n); i_ += LNF_LINE) {        \
-                LNF_PREFETCH((pa) + i_);                          \
-                if ((pb) != NULL)                                 \
-                    LNF_PREFETCH((pb) + i_);                      \
-                LNF_IVDEP                                         \
-                for (ptrdiff_t j = i_; j < i_ + LNF_LINE; j++)    \
-                    BODY(j);                                      \
-            }                                                     \
-        LNF_IVDEP                                                 \
-        for (ptrdiff_t j = i_; j < (n); j++)                      \
-            BODY(j);                                              \
-    } while (0)
-
-/* y = ((x - hi) - lo) * rs * w + b.  y may be x itself (in place): each
- * element is read before it is written, so ivdep is safe. */
-LNF_DISPATCH static void LNF_FN(lnf_row_normalize)(const LNF_T *x, LNF_T *y,
-                                                   const LNF_T *__restrict w,
-                                                   const LNF_T *__restrict b, ptrdiff_t n,
-                                                   LNF_T hi, LNF_T lo, LNF_T rs,
-                                                   const LNF_T *pa, const LNF_T *pb)
-{
-#define LNF_NORMALIZE(i) y[i] = ((x[i] - hi) - lo) * rs * w[i] + b[i]
-    LNF_MAP_PREFETCHING(n, pa, pb, LNF_NORMALIZE);
-#undef LNF_NORMALIZE
-}
-
-/* RMSNorm: y = x * rs * w. */
-LNF_DISPATCH static void LNF_FN(lnf_row_scale)(const LNF_T *x, LNF_T *y,
-                                               const LNF_T *__restrict w, ptrdiff_t n,
-                                               LNF_T rs, const LNF_T *pa, const LNF_T *pb)
-{
-#define LNF_SCALE(i) y[i] = x[i] * rs * w[i]
-    LNF_MAP_PREFETCHING(n, pa, pb, LNF_SCALE);
-#undef LNF_SCALE
-}
-
-/* The backward pass's row sums, with d = x - mean and g = dy * w computed
- * in LNF_T: sd = sum(d), sg = sum(g), sgd = sum(g * d), in float64. */
-LNF_DISPATCH static void LNF_FN(lnf_row_grad_sums)(const LNF_T *x, const LNF_T *dy,
-                                                   const LNF_T *w, ptrdiff_t n, LNF_T mean,
-                                                   double *out)
+/* The backward pass over one row's columns, doing up to two things in one
+ * sweep, as lnf_row_pipe does for the forward pass:
+ *
+ * - the map of a row (x != NULL), with its scalars k = {mean, c, rstd, mg,
+ *   mgx} (see the driver):
+ *     xhat = ((x - mean) - c) * rstd
+ *     dx   = rstd * ((dy * w - mg) - xhat * mgx)   (+ dz when dz is not NULL)
+ *   and dy * xhat (formed in LNF_T) and dy added to dw and db in float64
+ *   (db may be NULL: RMSNorm).
+ * - the sums of the next row (xn != NULL), every term in LNF_T with
+ *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
+ *   float64 lanes fed in blocks. */
+LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_T *x, const LNF_T *dy,
+                                                   const LNF_T *dz, LNF_T *dx,
+                                                   const LNF_T *k, double *__restrict dw,
+                                                   double *__restrict db, const LNF_T *xn,
+                                                   const LNF_T *dyn, LNF_T mean_n,
+                                                   double *out, const LNF_T *__restrict w,
+                                                   ptrdiff_t n)
 {
     double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
     double td = 0.0, tg = 0.0, tgd = 0.0;
-    ptrdiff_t i = 0, body = n - n % LNF_LANES;
+    LNF_T k0 = 0, k1 = 0, k2 = 0, k3 = 0, k4 = 0;
+    if (x != NULL)
+        k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3], k4 = k[4];
+    ptrdiff_t i = 0;
+#define LNF_MAP1(j)                                                               \
+    do {                                                                          \
+        LNF_T xh_ = ((x[j] - k0) - k1) * k2, t_ = dy[j] * xh_;                    \
+        LNF_T dx_ = k2 * ((dy[j] * w[j] - k3) - xh_ * k4);                        \
+        dx[j] = dz != NULL ? dx_ + dz[j] : dx_;                                   \
+        dw[j] += t_;                                                              \
+        if (db != NULL)                                                           \
+            db[j] += dy[j];                                                       \
+    } while (0)
+#define LNF_TERMS1(j) LNF_T d = xn[j] - mean_n, g = dyn[j] * w[j], gd = g * d
 #if LNF_VECTOR
-    lnf_vd a[LNF_LANES / 8], b[LNF_LANES / 8], c[LNF_LANES / 8];
-    const LNF_VT m = mean - (LNF_VT){0};
-    for (int v = 0; v < LNF_LANES / 8; v++)
-        a[v] = b[v] = c[v] = (lnf_vd){0};
-    for (; i < body; i += LNF_LANES)
-        for (int v = 0; v < LNF_LANES / 8; v++) {
-            ptrdiff_t j = i + 8 * v;
-            lnf_vd d = LNF_WIDEN(LNF_LOAD(x + j) - m);
-            lnf_vd g = LNF_WIDEN(LNF_LOAD(dy + j) * LNF_LOAD(w + j));
-            a[v] += d;
-            b[v] += g;
-            c[v] += g * d;
+    lnf_vd a[2], b[2], c[2];
+    const LNF_VT m = LNF_SPLAT(mean_n), km0 = LNF_SPLAT(k0), km1 = LNF_SPLAT(k1),
+                 km2 = LNF_SPLAT(k2), km3 = LNF_SPLAT(k3), km4 = LNF_SPLAT(k4);
+    LNF_ZERO(a), LNF_ZERO(b), LNF_ZERO(c);
+    /* The map of LNF_LANES elements from j. */
+#define LNF_MAP(j)                                                                \
+    do {                                                                          \
+        LNF_VT t_[LNF_NV], dyv_[LNF_NV];                                          \
+        for (int v_ = 0; v_ < LNF_NV; v_++) {                                     \
+            ptrdiff_t e_ = (j) + v_ * LNF_LINE;                                   \
+            LNF_VT xv = LNF_LOAD(x + e_), dyv = LNF_LOAD(dy + e_);                \
+            LNF_VT xh = ((xv - km0) - km1) * km2;                                 \
+            LNF_VT dxv = km2 * ((dyv * LNF_LOAD(w + e_) - km3) - xh * km4);       \
+            if (dz != NULL)                                                       \
+                dxv += LNF_LOAD(dz + e_);                                         \
+            LNF_STORE(dx + e_, dxv);                                              \
+            t_[v_] = dyv * xh, dyv_[v_] = dyv;                                    \
+        }                                                                         \
+        LNF_ACC_MEM(dw + (j), t_);                                                \
+        if (db != NULL)                                                           \
+            LNF_ACC_MEM(db + (j), dyv_);                                          \
+    } while (0)
+#define LNF_TERMS(j)                                                              \
+    LNF_VT d = LNF_LOAD(xn + (j)) - m, g = LNF_LOAD(dyn + (j)) * LNF_LOAD(w + (j)), \
+           gd = g * d
+    for (; i + LNF_STEP <= n; i += LNF_STEP) {
+        if (x != NULL)
+            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES)
+                LNF_MAP(j);
+        if (xn != NULL) {
+            LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
+            for (int v = 0; v < LNF_NV; v++) {
+                {
+                    LNF_TERMS(i + v * LNF_LINE);
+                    pd[v] = d, pg[v] = g, pgd[v] = gd;
+                }
+                for (int q = 1; q < LNF_BLOCK; q++) {
+                    LNF_TERMS(i + q * LNF_LANES + v * LNF_LINE);
+                    pd[v] += d, pg[v] += g, pgd[v] += gd;
+                }
+            }
+            LNF_ACC(a, pd);
+            LNF_ACC(b, pg);
+            LNF_ACC(c, pgd);
         }
-    memcpy(sd, a, sizeof sd);
-    memcpy(sg, b, sizeof sg);
-    memcpy(sgd, c, sizeof sgd);
+    }
+    for (; i + LNF_LANES <= n; i += LNF_LANES) {
+        if (x != NULL)
+            LNF_MAP(i);
+        if (xn != NULL) {
+            LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
+            for (int v = 0; v < LNF_NV; v++) {
+                LNF_TERMS(i + v * LNF_LINE);
+                pd[v] = d, pg[v] = g, pgd[v] = gd;
+            }
+            LNF_ACC(a, pd);
+            LNF_ACC(b, pg);
+            LNF_ACC(c, pgd);
+        }
+    }
+#undef LNF_MAP
+#undef LNF_TERMS
+    LNF_SPILL(sd, a), LNF_SPILL(sg, b), LNF_SPILL(sgd, c);
 #else
-    for (; i < body; i += LNF_LANES)
-        for (int k = 0; k < LNF_LANES; k++) {
-            LNF_T d = x[i + k] - mean, g = dy[i + k] * w[i + k];
-            sd[k] += d;
-            sg[k] += g;
-            sgd[k] += (double)g * d;
-        }
+    ptrdiff_t body = n - n % LNF_LANES;
+    if (x != NULL)
+        for (ptrdiff_t j = 0; j < body; j++)
+            LNF_MAP1(j);
+    if (xn != NULL) {
+        for (; i + LNF_STEP <= n; i += LNF_STEP)
+            for (int kk = 0; kk < LNF_LANES; kk++) {
+                LNF_T pd = 0, pg = 0, pgd = 0;
+                for (int j = 0; j < LNF_BLOCK; j++) {
+                    LNF_TERMS1(i + j * LNF_LANES + kk);
+                    /* the first term starts the block sum, as in the vector code */
+                    pd = j ? pd + d : d, pg = j ? pg + g : g, pgd = j ? pgd + gd : gd;
+                }
+                sd[kk] += pd, sg[kk] += pg, sgd[kk] += pgd;
+            }
+        for (; i + LNF_LANES <= n; i += LNF_LANES)
+            for (int kk = 0; kk < LNF_LANES; kk++) {
+                LNF_TERMS1(i + kk);
+                sd[kk] += d, sg[kk] += g, sgd[kk] += gd;
+            }
+    }
+    i = body;
 #endif
     for (; i < n; i++) {
-        LNF_T d = x[i] - mean, g = dy[i] * w[i];
-        td += d;
-        tg += g;
-        tgd += (double)g * d;
+        if (x != NULL)
+            LNF_MAP1(i);
+        if (xn != NULL) {
+            LNF_TERMS1(i);
+            td += d, tg += g, tgd += gd;
+        }
     }
-    out[0] = lnf_fold(sd) + td;
-    out[1] = lnf_fold(sg) + tg;
-    out[2] = lnf_fold(sgd) + tgd;
-}
-
-/* dx = rstd * ((dy * w - mg) - xhat * mgx) with xhat = ((x - mean) - c) * rstd;
- * dw += dy * xhat and db += dy in float64 (db may be NULL: RMSNorm). */
-LNF_DISPATCH static void LNF_FN(lnf_row_grad)(const LNF_T *__restrict x,
-                                              const LNF_T *__restrict dy,
-                                              const LNF_T *__restrict w, LNF_T *__restrict dx,
-                                              double *__restrict dw, double *__restrict db,
-                                              ptrdiff_t n, LNF_T mean, LNF_T c, LNF_T rstd,
-                                              LNF_T mg, LNF_T mgx, const LNF_T *pa,
-                                              const LNF_T *pb)
-{
-#define LNF_XHAT(i) (((x[i] - mean) - c) * rstd)
-#define LNF_GRAD(i)                                              \
-    do {                                                         \
-        LNF_T xh = LNF_XHAT(i);                                  \
-        dx[i] = rstd * ((dy[i] * w[i] - mg) - xh * mgx);         \
-        dw[i] += (double)dy[i] * xh;                             \
-    } while (0)
-#define LNF_GRAD_BIAS(i) do { LNF_GRAD(i); db[i] += dy[i]; } while (0)
-    if (db != NULL)
-        LNF_MAP_PREFETCHING(n, pa, pb, LNF_GRAD_BIAS);
-    else
-        LNF_MAP_PREFETCHING(n, pa, pb, LNF_GRAD);
-#undef LNF_GRAD_BIAS
-#undef LNF_GRAD
-#undef LNF_XHAT
-}
-
-/* out = a + b (out may be a or b). */
-LNF_DISPATCH static void LNF_FN(lnf_row_add)(const LNF_T *a, const LNF_T *b, LNF_T *out,
-                                             ptrdiff_t n)
-{
-    LNF_IVDEP
-    for (ptrdiff_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
+#undef LNF_MAP1
+#undef LNF_TERMS1
+    if (xn != NULL) {
+        out[0] = lnf_fold(sd) + td;
+        out[1] = lnf_fold(sg) + tg;
+        out[2] = lnf_fold(sgd) + tgd;
+    }
 }
 
 #undef LNF_VT
 #undef LNF_LOAD
-#undef LNF_WIDEN
+#undef LNF_STORE
+#undef LNF_SPLAT
+#undef LNF_ACC
+#undef LNF_ACC_MEM
+#undef LNF_ZERO
+#undef LNF_SPILL
 #undef LNF_LINE
-#undef LNF_MAP_PREFETCHING
+#undef LNF_STEP
 #undef LNF_FN
 #undef LNF_CAT
 #undef LNF_CAT_

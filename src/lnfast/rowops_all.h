@@ -12,12 +12,29 @@
 #include <stddef.h>
 #include <string.h>
 
-/* Independent float64 accumulators per sum; a multiple of 8. */
+/* Independent float64 accumulators per sum: two vectors of 8. */
 #define LNF_LANES 16
+/* Terms per lane summed in the element type before widening (rowops.h). */
+#define LNF_BLOCK 4
 
-#if defined(__GNUC__) && (defined(__clang__) ? __clang_major__ >= 10 : __GNUC__ >= 9)
+#if defined(__GNUC__) && (defined(__clang__) ? __clang_major__ >= 10 : __GNUC__ >= 9) \
+    && !defined(LNFAST_NO_VECTOR)    /* (the plain C path, for tests) */
 #define LNF_VECTOR 1
-typedef double lnf_vd __attribute__((vector_size(8 * sizeof(double))));
+/* 64-byte vectors: one AVX-512 register, split by the compiler below. */
+typedef double lnf_vd __attribute__((vector_size(64)));
+typedef double lnf_vd2 __attribute__((vector_size(128)));    /* two of them */
+#define LNF_LOADD(p) ({ lnf_vd v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define LNF_STORED(p, v) do { lnf_vd s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
+/* Half k (0 or 1) of an lnf_vd2.  Converting 16 floats to an lnf_vd2 and
+ * taking halves compiles to two full-width conversions; converting halves
+ * of the floats does not (GCC 12). */
+#if defined(__clang__) || __GNUC__ >= 12
+#define LNF_HALF(v, k) __builtin_shufflevector((v), (v), 8 * (k), 8 * (k) + 1, 8 * (k) + 2, \
+                                               8 * (k) + 3, 8 * (k) + 4, 8 * (k) + 5,     \
+                                               8 * (k) + 6, 8 * (k) + 7)
+#else
+#define LNF_HALF(v, k) ({ lnf_vd h_; memcpy(&h_, (const double *)&(v) + 8 * (k), sizeof h_); h_; })
+#endif
 #else
 #define LNF_VECTOR 0
 #endif
@@ -29,20 +46,6 @@ typedef double lnf_vd __attribute__((vector_size(8 * sizeof(double))));
 #else
 #define LNF_DISPATCH
 #define LNF_HAVE_DISPATCH 0
-#endif
-
-#if defined(__clang__)
-#define LNF_IVDEP _Pragma("clang loop vectorize(assume_safety)")
-#elif defined(__GNUC__)
-#define LNF_IVDEP _Pragma("GCC ivdep")
-#else
-#define LNF_IVDEP
-#endif
-
-#if defined(__GNUC__)
-#define LNF_PREFETCH(p) __builtin_prefetch((p), 0, 2)
-#else
-#define LNF_PREFETCH(p) ((void)(p))
 #endif
 
 /* Pairwise fold of the lanes: halves added in place, in a fixed order. */
@@ -79,15 +82,19 @@ static inline const char *lnf_simd_runtime(void)
 
 #define LNF_T float
 #define LNF_SUFFIX f32
+#define LNF_NV 1        /* 64-byte vectors per LNF_LANES elements */
 #include "rowops.h"
 #undef LNF_T
 #undef LNF_SUFFIX
+#undef LNF_NV
 
 #define LNF_T double
 #define LNF_SUFFIX f64
+#define LNF_NV 2
 #include "rowops.h"
 #undef LNF_T
 #undef LNF_SUFFIX
+#undef LNF_NV
 
 #include "halfconv.h"
 
