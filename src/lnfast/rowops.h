@@ -1,14 +1,15 @@
-/* Row primitives of the CPU kernels: the inner loops.
+/* Row sweeps of the CPU kernels: the inner loops.
  *
  * This file is a template: rowops_all.h includes it once per element type,
  * with LNF_T (float or double), LNF_SUFFIX (f32 or f64) and LNF_NV (64-byte
  * vectors per LNF_LANES elements) defined.  The Cython drivers in _cpu.pyx
- * call these functions per row, or per group of rows.
+ * call one sweep per row: lnf_row_pipe (forward) and lnf_row_grad_pipe
+ * (backward), each the map of one row together with the sums of the next.
  *
  * Sums run in LNF_LANES float64 lanes, fed in blocks: lane k first adds up
  * LNF_BLOCK elements k, k + LANES, k + 2 LANES, ... in LNF_T, in order, and
  * the block sum is widened and added to the lane.  One conversion per block
- * instead of one per element keeps float32 rows at memory speed; a block sum
+ * instead of one per element keeps float32 rows near memory speed; a block sum
  * of four float32 terms costs about one float32 rounding of a term, far
  * below the output's own rounding.  After the full blocks, single vectors
  * are blocks of one; the n % LANES tail is summed on its own and added
