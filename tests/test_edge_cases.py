@@ -119,33 +119,38 @@ def test_bad_values_get_the_spec_exceptions():
         lnfast._cpu.convert(np.ones(4, np.int16), np.empty(4, np.float32))
 
 
-def test_float32_rows_whose_squares_leave_float32():
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 2e-6), (ml_dtypes.bfloat16, 1.5 * 2.0**-8)])
+def test_float32_rows_whose_squares_leave_float32(dtype, tol):
     # Deviations of 1e-21 square to 1e-42 (below float32's normal range) and
     # of 1e20 to 1e40 (past its top): such rows are redone in float64.
+    # bfloat16 has float32's range, and its rows take the same float32 path.
     rng = np.random.default_rng(5)
     for scale in (1e-21, 1e20):
-        x = (rng.standard_normal((3, 257)) * scale).astype(np.float32)
-        x[1] += np.float32(100 * scale)     # a common offset 100 times the spread
+        x = (rng.standard_normal((3, 257)) * scale).astype(dtype)
+        x[1] += dtype(100 * scale)          # a common offset 100 times the spread
+        x64 = x.astype(np.float64)
         for eps in (0.0, 1e-5):
             y, mean, rstd = lnfast.layer_norm_forward(x, eps=eps)
-            ry, rmean, rrstd = ref.layer_norm_forward(x, eps=eps)
-            assert np.isfinite(y).all()
-            assert ref.rel_error(y, ry) <= 2e-6
+            ry, rmean, rrstd = ref.layer_norm_forward(x64, eps=eps)
+            assert np.isfinite(y.astype(np.float64)).all()
+            assert ref.rel_error(y.astype(np.float64), ry) <= tol
             assert ref.rel_error(rstd, rrstd) <= 2e-6
         yr, rstd = lnfast.rms_norm_forward(x[::2], eps=0.0)
-        assert ref.rel_error(yr, ref.rms_norm_forward(x[::2], eps=0.0)[0]) <= 2e-6
+        assert ref.rel_error(yr.astype(np.float64), ref.rms_norm_forward(x64[::2], eps=0.0)[0]) <= tol
 
 
-def test_float32_backward_with_terms_past_float32():
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 2e-5), (ml_dtypes.bfloat16, 2 * 2.0**-8)])
+def test_float32_backward_with_terms_past_float32(dtype, tol):
     # dy * w * (x - mean) reaches 1e40 here: the row sums are redone in float64.
     rng = np.random.default_rng(6)
-    x = (rng.standard_normal((4, 129)) * 1e20).astype(np.float32)
-    dy = (rng.standard_normal((4, 129)) * 1e20).astype(np.float32)
+    x = (rng.standard_normal((4, 129)) * 1e20).astype(dtype)
+    dy = (rng.standard_normal((4, 129)) * 1e20).astype(dtype)
     _, mean, rstd = lnfast.layer_norm_forward(x)
     dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd)
-    rdx, rdw, rdb = ref.layer_norm_backward(dy, x, mean, rstd)
-    assert np.isfinite(dx).all()
-    assert ref.rel_error(dx, rdx) <= 2e-5
+    rdx, rdw, rdb = ref.layer_norm_backward(dy.astype(np.float64), x.astype(np.float64),
+                                            mean, rstd)
+    assert np.isfinite(dx.astype(np.float64)).all()
+    assert ref.rel_error(dx.astype(np.float64), rdx) <= tol
     assert ref.rel_error(db, rdb) <= 2e-5
 
 
@@ -158,14 +163,16 @@ def test_zero_rows_among_others_are_exact():
     assert rstd[0] == np.float32(1 / np.sqrt(1e-5))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("D", [1, 3, 7, 64, 100, 4097])
 def test_pipelined_and_gathered_rows_agree_bitwise(rng, dtype, D):
     # Contiguous rows run software-pipelined (one row's map with the next
-    # row's sums); strided rows are gathered and run one pass at a time.
-    # Both must give the same bits, for every function.
+    # row's sums; 16-bit values converted inside the sweep); strided rows are
+    # gathered into float scratch and run one pass at a time.  Both must
+    # give the same bits, for every function.
     x, r, dy, dz = (rng.standard_normal((9, D)).astype(dtype) for _ in range(4))
-    w, b = rng.standard_normal(D).astype(dtype), rng.standard_normal(D).astype(dtype)
+    wdtype = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
+    w, b = rng.standard_normal(D).astype(wdtype), rng.standard_normal(D).astype(wdtype)
 
     def strided(a):
         s = np.empty((a.shape[0], 2 * D), dtype)

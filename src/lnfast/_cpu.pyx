@@ -13,6 +13,7 @@ not adjacent is gathered into a per-thread buffer first.
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport sqrt
+from libc.stdint cimport uint16_t
 from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
@@ -199,21 +200,43 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     void lnf_narrow_bf16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     int lnf_force_portable
     int lnf_has_f16c()
+    # Row sweeps (rowops.h), one per storage type; f16/bf16 rows are
+    # uint16_t bits computed in float32.
     void lnf_row_pipe_f32(const float* x, float* y, const float* w, const float* b,
                           float hi, float lo, float rs, const float* xn, const float* rn,
-                          float* zn, float shift, double* s1, double* s2, Py_ssize_t n)
+                          float* zn, int centered, double* s, Py_ssize_t n,
+                          const float* xf, const float* rf)
     void lnf_row_pipe_f64(const double* x, double* y, const double* w, const double* b,
                           double hi, double lo, double rs, const double* xn,
-                          const double* rn, double* zn, double shift, double* s1,
-                          double* s2, Py_ssize_t n)
+                          const double* rn, double* zn, int centered, double* s,
+                          Py_ssize_t n, const double* xf, const double* rf)
+    void lnf_row_pipe_f16(const uint16_t* x, uint16_t* y, const float* w, const float* b,
+                          float hi, float lo, float rs, const uint16_t* xn, const uint16_t* rn,
+                          uint16_t* zn, int centered, double* s, Py_ssize_t n,
+                          const uint16_t* xf, const uint16_t* rf)
+    void lnf_row_pipe_bf16(const uint16_t* x, uint16_t* y, const float* w, const float* b,
+                           float hi, float lo, float rs, const uint16_t* xn,
+                           const uint16_t* rn, uint16_t* zn, int centered, double* s,
+                           Py_ssize_t n, const uint16_t* xf, const uint16_t* rf)
     void lnf_row_grad_pipe_f32(const float* x, const float* dy, const float* dz, float* dx,
                                const float* k, double* dw, double* db, const float* xn,
                                const float* dyn, float mean_n, double* out, const float* w,
-                               Py_ssize_t n)
+                               Py_ssize_t n, const float* xf, const float* dyf)
     void lnf_row_grad_pipe_f64(const double* x, const double* dy, const double* dz, double* dx,
                                const double* k, double* dw, double* db, const double* xn,
                                const double* dyn, double mean_n, double* out,
-                               const double* w, Py_ssize_t n)
+                               const double* w, Py_ssize_t n, const double* xf,
+                               const double* dyf)
+    void lnf_row_grad_pipe_f16(const uint16_t* x, const uint16_t* dy, const uint16_t* dz,
+                               uint16_t* dx, const float* k, double* dw, double* db,
+                               const uint16_t* xn, const uint16_t* dyn, float mean_n,
+                               double* out, const float* w, Py_ssize_t n,
+                               const uint16_t* xf, const uint16_t* dyf)
+    void lnf_row_grad_pipe_bf16(const uint16_t* x, const uint16_t* dy, const uint16_t* dz,
+                                uint16_t* dx, const float* k, double* dw, double* db,
+                                const uint16_t* xn, const uint16_t* dyn, float mean_n,
+                                double* out, const float* w, Py_ssize_t n,
+                                const uint16_t* xf, const uint16_t* dyf)
 
 
 cdef enum:     # per-thread scratch, in rows of D elements
@@ -261,25 +284,66 @@ cdef inline void store_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
 # fixed lanes, vectorized and dispatched at run time, bitwise the same on
 # every CPU.  Here they are combined into LayerNorm and RMSNorm rows.
 
-cdef inline void row_pipe(const real* x, real* y, const real* w, const real* b,
-                          real hi, real lo, real rs, const real* xn, const real* rn,
-                          real* zn, double* s, Py_ssize_t D, bint centered) noexcept nogil:
-    """rowops.h lnf_row_pipe: the map of row x into y (x NULL: none) and the
-    sums s[0], s[1] of the next row xn (+ rn, stored to zn), shifted by its
-    first element when centered (xn NULL: none)."""
-    cdef real shift = 0
-    if xn != NULL and centered:
-        shift = xn[0] + rn[0] if rn != NULL else xn[0]
-    if real is float:
-        lnf_row_pipe_f32(x, y, w, b, hi, lo, rs, xn, rn, zn, shift, s, s + 1, D)
+ctypedef const void* crow      # a row in its storage type (see rowops.h)
+
+
+cdef inline void row_pipe(int storage, crow x, void* y, const real* w, const real* b,
+                          real hi, real lo, real rs, crow xn, crow rn, void* zn,
+                          double* s, Py_ssize_t D, bint centered, crow xf=NULL,
+                          crow rf=NULL) noexcept nogil:
+    """rowops.h lnf_row_pipe on rows stored as `storage`: the map of row x
+    into y (x NULL: none) and the sums s[0], s[1] of the next row xn (+ rn,
+    stored to zn), shifted by s[2], its first value when centered (xn NULL:
+    none); xf, rf: the rows after xn and rn, to prefetch (or NULL)."""
+    if real is double:
+        lnf_row_pipe_f64(<const double*>x, <double*>y, w, b, hi, lo, rs, <const double*>xn,
+                         <const double*>rn, <double*>zn, centered, s, D, <const double*>xf,
+                         <const double*>rf)
+    elif storage == NATIVE:
+        lnf_row_pipe_f32(<const float*>x, <float*>y, w, b, hi, lo, rs, <const float*>xn,
+                         <const float*>rn, <float*>zn, centered, s, D, <const float*>xf,
+                         <const float*>rf)
+    elif storage == F16:
+        lnf_row_pipe_f16(<const uint16_t*>x, <uint16_t*>y, w, b, hi, lo, rs,
+                         <const uint16_t*>xn, <const uint16_t*>rn, <uint16_t*>zn, centered,
+                         s, D, <const uint16_t*>xf, <const uint16_t*>rf)
     else:
-        lnf_row_pipe_f64(x, y, w, b, hi, lo, rs, xn, rn, zn, shift, s, s + 1, D)
+        lnf_row_pipe_bf16(<const uint16_t*>x, <uint16_t*>y, w, b, hi, lo, rs,
+                          <const uint16_t*>xn, <const uint16_t*>rn, <uint16_t*>zn, centered,
+                          s, D, <const uint16_t*>xf, <const uint16_t*>rf)
 
 
-cdef inline bint row_stats(real x0, const double* s, Py_ssize_t D, double eps,
-                           bint centered, real* k) noexcept nogil:
-    """k = {hi, lo, rstd} of a row from its sums over x - x0 (RMSNorm: over x,
-    x0 ignored); False for the rare float32 rows that row_exact must redo.
+cdef inline void row_grad_pipe(int storage, crow x, crow dy, crow dz, void* dx,
+                               const real* k, double* dw, double* db, crow xn, crow dyn,
+                               real mean_n, double* s, const real* w, Py_ssize_t D,
+                               crow xf=NULL, crow dyf=NULL) noexcept nogil:
+    """rowops.h lnf_row_grad_pipe on rows stored as `storage`: the map of
+    row x (x NULL: none) and the sums s[0..2] of the next row xn (xn NULL:
+    none); xf, dyf: the rows after xn and dyn, to prefetch (or NULL)."""
+    if real is double:
+        lnf_row_grad_pipe_f64(<const double*>x, <const double*>dy, <const double*>dz,
+                              <double*>dx, k, dw, db, <const double*>xn, <const double*>dyn,
+                              mean_n, s, w, D, <const double*>xf, <const double*>dyf)
+    elif storage == NATIVE:
+        lnf_row_grad_pipe_f32(<const float*>x, <const float*>dy, <const float*>dz,
+                              <float*>dx, k, dw, db, <const float*>xn, <const float*>dyn,
+                              mean_n, s, w, D, <const float*>xf, <const float*>dyf)
+    elif storage == F16:
+        lnf_row_grad_pipe_f16(<const uint16_t*>x, <const uint16_t*>dy, <const uint16_t*>dz,
+                              <uint16_t*>dx, k, dw, db, <const uint16_t*>xn,
+                              <const uint16_t*>dyn, mean_n, s, w, D, <const uint16_t*>xf,
+                              <const uint16_t*>dyf)
+    else:
+        lnf_row_grad_pipe_bf16(<const uint16_t*>x, <const uint16_t*>dy, <const uint16_t*>dz,
+                               <uint16_t*>dx, k, dw, db, <const uint16_t*>xn,
+                               <const uint16_t*>dyn, mean_n, s, w, D, <const uint16_t*>xf,
+                               <const uint16_t*>dyf)
+
+
+cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint centered,
+                           real* k) noexcept nogil:
+    """k = {hi, lo, rstd} of a row from its sums s over x - s[2] (RMSNorm:
+    over x); False for the rare float32 rows that row_exact must redo.
 
     LayerNorm sums run over x - x[0]: shifting by a member of the row keeps
     the sums of the size of the row's spread rather than its offset (and the
@@ -303,8 +367,7 @@ cdef inline bint row_stats(real x0, const double* s, Py_ssize_t D, double eps,
         if not ((var >= 1e-30 or (s[0] == 0.0 and s[1] == 0.0)) and D * var < 1e72
                 and 1e-30 < rstd < 1e30):
             return False
-    if centered:
-        mean += x0
+    mean += s[2]
     k[0] = <real>mean
     k[1] = <real>(mean - <double>k[0])
     k[2] = <real>rstd
@@ -335,42 +398,27 @@ cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
     k[2] = <real>rstd
 
 
-cdef inline void row_finish(const real* x, real* y, const real* w, const real* b,
-                            const double* s, Py_ssize_t D, double eps, bint centered,
-                            const real* xn, const real* rn, real* zn, double* sn,
-                            real* mean_out, real* rstd_out) noexcept nogil:
-    """Normalize row x (its sums s) into y while the next row's sums are
-    taken (xn, rn, zn, sn as in row_pipe; xn NULL: no next row); store its
-    mean and rstd where the pointers are not NULL."""
-    cdef real k[3]
-    if row_stats(x[0], s, D, eps, centered, k):
-        row_pipe(x, y, w, b if centered else NULL, k[0], k[1], k[2], xn, rn, zn, sn, D,
-                 centered)
-    else:
-        row_exact(x, y, w, b, D, eps, centered, k)
-        if xn != NULL:
-            row_pipe(NULL, NULL, w, b, 0, 0, 0, xn, rn, zn, sn, D, centered)
-    if mean_out != NULL:
-        mean_out[0] = k[0]
-    if rstd_out != NULL:
-        rstd_out[0] = k[2]
+cdef inline bint sums_finite(const double* s) noexcept nogil:
+    return -1e300 < s[0] + s[1] + s[2] < 1e300
 
 
-cdef inline void row_grad_pipe(const real* x, const real* dy, const real* dz, real* dx,
-                               const real* k, double* dw, double* db, const real* xn,
-                               const real* dyn, real mean_n, double* s, const real* w,
-                               Py_ssize_t D) noexcept nogil:
-    """rowops.h lnf_row_grad_pipe: the map of row x (x NULL: none) and the
-    sums s[0..2] of the next row xn (xn NULL: none)."""
-    if real is float:
-        lnf_row_grad_pipe_f32(x, dy, dz, dx, k, dw, db, xn, dyn, mean_n, s, w, D)
-    else:
-        lnf_row_grad_pipe_f64(x, dy, dz, dx, k, dw, db, xn, dyn, mean_n, s, w, D)
+cdef inline void row_grad_sums_exact(const real* x, const real* dy, const real* w,
+                                     Py_ssize_t D, real mean, double* s) noexcept nogil:
+    """The backward row sums with float64 terms: for float32 rows whose
+    terms overflow float32 (the sums came out infinite or NaN)."""
+    cdef double d, g
+    cdef Py_ssize_t i
+    s[0] = s[1] = s[2] = 0.0
+    for i in range(D):
+        d = <double>x[i] - mean
+        g = <double>dy[i] * w[i]
+        s[0] += d
+        s[1] += g
+        s[2] += g * d
 
 
-cdef inline void row_grad_scalars(const real* x, const real* dy, const real* w,
-                                  Py_ssize_t D, bint centered, real mean, real rstd,
-                                  double* s, real* k) noexcept nogil:
+cdef inline void row_grad_scalars(const double* s, Py_ssize_t D, bint centered,
+                                  real mean, real rstd, real* k) noexcept nogil:
     """The per-row scalars of the backward map from the row's sums s =
     {sum(x - mean), sum(g), sum(g * (x - mean))}, g = dy * w:
     k = {mean, c, rstd, mean(g), mean(g * xhat)}.
@@ -381,19 +429,6 @@ cdef inline void row_grad_scalars(const real* x, const real* dy, const real* w,
     c = mean(x - mean) is recovered in float64, so xhat = (x - mean - c) * rstd
     is as accurate as the forward pass even for large common offsets.
     """
-    cdef double d, g
-    cdef Py_ssize_t i
-    if real is float:
-        # Terms past float32's range (the sums come out infinite or NaN):
-        # redo the sums with float64 terms.
-        if not (-1e300 < s[0] + s[1] + s[2] < 1e300):
-            s[0] = s[1] = s[2] = 0.0
-            for i in range(D):
-                d = <double>x[i] - mean
-                g = <double>dy[i] * w[i]
-                s[0] += d
-                s[1] += g
-                s[2] += g * d
     cdef double c = s[0] / D if centered else 0.0
     k[0] = mean
     k[1] = <real>c
@@ -411,6 +446,7 @@ cdef struct Rows:
     RowMap x, res, z, y         # forward: y = norm(x [+ res]), z = x + res
     RowMap dy, dz, dx           # backward: dx = dnorm(dy, x) [+ dz]
     bint has_res, has_dz, centered
+    bint direct                 # all rows contiguous, in x's storage type
     Py_ssize_t M, D
     double eps
     int nthreads
@@ -421,123 +457,142 @@ cdef inline real* out_row(const RowMap* m, Py_ssize_t r, real* buf) noexcept nog
     return <real*>row_ptr(m, r) if m.inner == sizeof(real) and m.storage == NATIVE else buf
 
 
+cdef inline crow row_or_null(const RowMap* m, Py_ssize_t r, Py_ssize_t end,
+                             bint present=True) noexcept nogil:
+    return <crow>row_ptr(m, r) if present and r < end else NULL
+
+
+cdef void forward_exact(const Rows* a, const real* w, const real* b, Py_ssize_t r,
+                        real* k, real* buf) noexcept nogil:
+    """Row r by row_exact, gathered into `buf` (2 rows) where not direct."""
+    cdef const real* xr = load_row(&a.z if a.has_res else &a.x, r, a.D, buf)
+    cdef real* yr = out_row(&a.y, r, buf + a.D)
+    row_exact(xr, yr, w, b, a.D, a.eps, a.centered, k)
+    if yr == buf + a.D:
+        store_row(&a.y, r, a.D, yr)
+
+
 cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_out,
-                        real* rstd_out, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """Rows r0..r1-1 of arrays whose rows are all contiguous rows of the
-    compute type (no scratch needed), software-pipelined:
-    one sweep normalizes row r and sums row r + 1 (and forms z = x + residual
-    of row r + 1), so reading the next row overlaps writing this one."""
+                        real* rstd_out, Py_ssize_t r0, Py_ssize_t r1,
+                        real* buf) noexcept nogil:
+    """Rows r0..r1-1 of direct arrays, software-pipelined: one sweep
+    normalizes row r and sums row r + 1 (forming z = x + residual of row
+    r + 1), so reading the next row overlaps writing this one.  buf: 2 rows
+    of scratch for the rare rows of 16-bit data."""
     cdef Py_ssize_t r, D = a.D
-    cdef double s[2]
-    cdef double sn[2]
-    cdef const real* xr
-    cdef const real* xn
-    cdef const real* rn = NULL
-    cdef real* zn = NULL
-    if a.has_res:
-        rn = <const real*>row_ptr(&a.res, r0)
-        zn = <real*>row_ptr(&a.z, r0)
-    row_pipe(NULL, NULL, w, b, 0, 0, 0, <const real*>row_ptr(&a.x, r0), rn, zn, s, D,
-             a.centered)
+    cdef int st = a.x.storage
+    cdef double s[3]
+    cdef double sn[3]
+    cdef real k[3]
+    cdef bint res = a.has_res
+    row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r0), row_or_null(&a.res, r0, r1, res),
+             row_or_null(&a.z, r0, r1, res), s, D, a.centered)
     for r in range(r0, r1):
-        xr = <const real*>row_ptr(&a.z if a.has_res else &a.x, r)
-        xn = NULL
-        if r + 1 < r1:
-            xn = <const real*>row_ptr(&a.x, r + 1)
-            if a.has_res:
-                rn = <const real*>row_ptr(&a.res, r + 1)
-                zn = <real*>row_ptr(&a.z, r + 1)
-        row_finish(xr, <real*>row_ptr(&a.y, r), w, b, s, D, a.eps, a.centered,
-                   xn, rn, zn, sn, mean_out + r if mean_out != NULL else NULL,
-                   rstd_out + r if rstd_out != NULL else NULL)
-        s[0] = sn[0]
-        s[1] = sn[1]
+        if row_stats(s, D, a.eps, a.centered, k):
+            row_pipe(st, row_ptr(&a.z if res else &a.x, r), row_ptr(&a.y, r), w,
+                     b if a.centered else NULL, k[0], k[1], k[2],
+                     row_or_null(&a.x, r + 1, r1), row_or_null(&a.res, r + 1, r1, res),
+                     row_or_null(&a.z, r + 1, r1, res), sn, D, a.centered,
+                     row_or_null(&a.x, r + 2, r1), row_or_null(&a.res, r + 2, r1, res))
+        else:
+            forward_exact(a, w, b, r, k, buf)
+            if r + 1 < r1:
+                row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r + 1),
+                         row_or_null(&a.res, r + 1, r1, res), row_or_null(&a.z, r + 1, r1, res),
+                         sn, D, a.centered)
+        if mean_out != NULL:
+            mean_out[r] = k[0]
+        if rstd_out != NULL:
+            rstd_out[r] = k[2]
+        s[0], s[1], s[2] = sn[0], sn[1], sn[2]
 
 
 cdef void forward_row(const Rows* a, const real* w, const real* b, real* mean_out,
                       real* rstd_out, Py_ssize_t r, real* buf) noexcept nogil:
-    """Row r of arrays with some rows strided or 16-bit: such rows
-    are gathered into `buf` (4 rows) and stored back.  The same arithmetic
-    as forward_block, one pass after another."""
+    """Row r of arrays with some rows strided or of another dtype: rows are
+    gathered into `buf` (4 rows) in the compute type and stored back.  The
+    same arithmetic as forward_block, one pass after another."""
     cdef Py_ssize_t D = a.D
-    cdef double s[2]
+    cdef double s[3]
+    cdef real k[3]
     cdef const real* xr = load_row(&a.x, r, D, buf)
     cdef real* zr
     cdef real* yr
     if a.has_res:       # z = x + residual, then normalize z from cache
         zr = out_row(&a.z, r, buf + 2 * D)
-        row_pipe(NULL, NULL, w, b, 0, 0, 0, xr, load_row(&a.res, r, D, buf + D), zr, s, D,
-                 a.centered)
+        row_pipe(NATIVE, NULL, NULL, w, b, 0, 0, 0, xr, load_row(&a.res, r, D, buf + D), zr,
+                 s, D, a.centered)
         xr = zr
         if zr == buf + 2 * D:                   # computed in scratch
             store_row(&a.z, r, D, zr)
             if a.z.storage != NATIVE:           # normalize the z that is returned
                 xr = load_row(&a.z, r, D, zr)
-                row_pipe(NULL, NULL, w, b, 0, 0, 0, xr, NULL, NULL, s, D, a.centered)
+                row_pipe(NATIVE, NULL, NULL, w, b, 0, 0, 0, xr, NULL, NULL, s, D, a.centered)
     else:
-        row_pipe(NULL, NULL, w, b, 0, 0, 0, xr, NULL, NULL, s, D, a.centered)
+        row_pipe(NATIVE, NULL, NULL, w, b, 0, 0, 0, xr, NULL, NULL, s, D, a.centered)
     yr = out_row(&a.y, r, buf + 3 * D)
-    row_finish(xr, yr, w, b, s, D, a.eps, a.centered, NULL, NULL, NULL, NULL,
-               mean_out + r if mean_out != NULL else NULL,
-               rstd_out + r if rstd_out != NULL else NULL)
+    if row_stats(s, D, a.eps, a.centered, k):
+        row_pipe(NATIVE, xr, yr, w, b if a.centered else NULL, k[0], k[1], k[2],
+                 NULL, NULL, NULL, s, D, a.centered)
+    else:
+        row_exact(xr, yr, w, b, D, a.eps, a.centered, k)
+    if mean_out != NULL:
+        mean_out[r] = k[0]
+    if rstd_out != NULL:
+        rstd_out[r] = k[2]
     if yr == buf + 3 * D:
         store_row(&a.y, r, D, yr)
 
 
 cdef void forward_rows(const Rows* a, const real* w, const real* b,
                        real* mean_out, real* rstd_out, real* scratch) noexcept:
-    """Each thread takes one contiguous block of rows (rows are independent:
-    the split does not change any result)."""
+    """Direct arrays: each thread takes one contiguous block of rows (rows
+    are independent: the split changes no result).  Others: row by row."""
     cdef Py_ssize_t r, t, M = a.M, nt = a.nthreads
     cdef real* buf
-    if scratch == NULL:                 # every row direct
-        for t in prange(nt, nogil=True, schedule='static', num_threads=nt,
-                        use_threads_if=nt > 1):
-            if t * M // nt < (t + 1) * M // nt:
-                forward_block(a, w, b, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt)
-        return
     with nogil, parallel(num_threads=nt, use_threads_if=nt > 1):
-        buf = scratch + FORWARD_SCRATCH * a.D * omp_get_thread_num()
-        for r in prange(M, schedule='static'):
-            forward_row(a, w, b, mean_out, rstd_out, r, buf)
+        buf = scratch + FORWARD_SCRATCH * a.D * omp_get_thread_num() if scratch != NULL else NULL
+        if a.direct:
+            for t in prange(nt, schedule='static'):
+                if t * M // nt < (t + 1) * M // nt:
+                    forward_block(a, w, b, mean_out, rstd_out, t * M // nt,
+                                  (t + 1) * M // nt, buf)
+        else:
+            for r in prange(M, schedule='static'):
+                forward_row(a, w, b, mean_out, rstd_out, r, buf)
 
 
 cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
-                                double* dw) noexcept nogil:
-    """Rows r0..r1-1 of arrays whose rows are all contiguous rows of the
-    compute type, in order, software-pipelined as forward_block: one sweep
-    maps row r (dx, and its terms into dw[0:D], dw[D:2D]) and sums row r + 1."""
+                                double* dw, real* buf) noexcept nogil:
+    """Rows r0..r1-1 of direct arrays, in order, software-pipelined as
+    forward_block: one sweep maps row r (dx, and its terms into dw[0:D],
+    dw[D:2D]) and sums row r + 1.  buf: 2 rows of scratch for the rare
+    rows of 16-bit data."""
     cdef Py_ssize_t r, D = a.D
+    cdef int st = a.x.storage
     cdef double s[3]
     cdef real k[5]
-    cdef const real* xr
-    cdef const real* dyr
-    cdef const real* xn
-    cdef const real* dyn
-    cdef real mn = 0
-    row_grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, <const real*>row_ptr(&a.x, r0),
-                  <const real*>row_ptr(&a.dy, r0), mean[r0] if a.centered else 0, s, w, D)
+    cdef bint c = a.centered
+    row_grad_pipe(st, NULL, NULL, NULL, NULL, NULL, NULL, NULL, row_ptr(&a.x, r0),
+                  row_ptr(&a.dy, r0), mean[r0] if c else 0, s, w, D)
     for r in range(r0, r1):
-        xr = <const real*>row_ptr(&a.x, r)
-        dyr = <const real*>row_ptr(&a.dy, r)
-        row_grad_scalars(xr, dyr, w, D, a.centered, mean[r] if a.centered else 0,
-                         rstd[r], s, k)
-        xn = dyn = NULL
-        if r + 1 < r1:
-            xn = <const real*>row_ptr(&a.x, r + 1)
-            dyn = <const real*>row_ptr(&a.dy, r + 1)
-            mn = mean[r + 1] if a.centered else 0
-        row_grad_pipe(xr, dyr, <const real*>row_ptr(&a.dz, r) if a.has_dz else NULL,
-                      <real*>row_ptr(&a.dx, r), k, dw, dw + D if a.centered else NULL,
-                      xn, dyn, mn, s, w, D)
+        if real is float and not sums_finite(s):
+            row_grad_sums_exact(load_row(&a.x, r, D, buf), load_row(&a.dy, r, D, buf + D),
+                                w, D, mean[r] if c else 0, s)
+        row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k)
+        row_grad_pipe(st, row_ptr(&a.x, r), row_ptr(&a.dy, r),
+                      row_or_null(&a.dz, r, r1, a.has_dz), row_ptr(&a.dx, r), k, dw,
+                      dw + D if c else NULL, row_or_null(&a.x, r + 1, r1),
+                      row_or_null(&a.dy, r + 1, r1), mean[r + 1] if c and r + 1 < r1 else 0,
+                      s, w, D, row_or_null(&a.x, r + 2, r1), row_or_null(&a.dy, r + 2, r1))
 
 
 cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
                               const real* rstd, Py_ssize_t r, double* dw,
                               real* buf) noexcept nogil:
-    """Row r of arrays with some rows strided or 16-bit, gathered into `buf`
-    (4 rows: x, dy, dx, dz) and stored back: the arithmetic of
+    """Row r of arrays with some rows strided or of another dtype, gathered
+    into `buf` (4 rows: x, dy, dx, dz) and stored back: the arithmetic of
     backward_block, one pass after another."""
     cdef Py_ssize_t D = a.D
     cdef double s[3]
@@ -546,9 +601,11 @@ cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
     cdef const real* xr = load_row(&a.x, r, D, buf)
     cdef const real* dyr = load_row(&a.dy, r, D, buf + D)
     cdef real* dxr = out_row(&a.dx, r, buf + 2 * D)
-    row_grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, xr, dyr, m, s, w, D)
-    row_grad_scalars(xr, dyr, w, D, a.centered, m, rstd[r], s, k)
-    row_grad_pipe(xr, dyr, load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL,
+    row_grad_pipe(NATIVE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, xr, dyr, m, s, w, D)
+    if real is float and not sums_finite(s):
+        row_grad_sums_exact(xr, dyr, w, D, m, s)
+    row_grad_scalars(s, D, a.centered, m, rstd[r], k)
+    row_grad_pipe(NATIVE, xr, dyr, load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL,
                   dxr, k, dw, dw + D if a.centered else NULL, NULL, NULL, 0, s, w, D)
     if dxr == buf + 2 * D:
         store_row(&a.dx, r, D, dxr)
@@ -584,9 +641,9 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
         buf = scratch + BACKWARD_SCRATCH * D * omp_get_thread_num() if scratch != NULL else NULL
         for c in prange(nchunks, schedule='static'):
             memset(partials + 2 * D * c, 0, 2 * D * sizeof(double))
-            if buf == NULL:
+            if a.direct:
                 backward_block(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
-                               partials + 2 * D * c)
+                               partials + 2 * D * c, buf)
             else:
                 for r in range(c * M // nchunks, (c + 1) * M // nchunks):
                     backward_row(a, w, mean, rstd, r, partials + 2 * D * c, buf)
@@ -616,16 +673,21 @@ cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
     return 0
 
 
-cdef cnp.ndarray row_scratch(const Rows* a, cnp.ndarray w, tuple arrays, int rows):
-    """`rows` rows of per-thread scratch in the compute type (w's), only when
-    some row is not a contiguous row of that type."""
+cdef cnp.ndarray row_scratch(Rows* a, cnp.ndarray w, tuple arrays, int rows):
+    """Set a.direct (every row contiguous in x's dtype: the pipelined path)
+    and return `rows` rows of per-thread scratch in the compute type (w's),
+    for gathered rows, or for the rare rows of direct 16-bit data."""
     cdef cnp.npy_intp n = rows * a.D * a.nthreads
+    cdef cnp.ndarray x = arrays[0]
+    a.direct = True
     for arr in arrays:
         if arr is not None and (
-                cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(w)
-                or cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] != cnp.PyArray_ITEMSIZE(w)):
-            return cnp.PyArray_EMPTY(1, &n, cnp.PyArray_TYPE(w), 0)
-    return None
+                cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(x)
+                or cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] != cnp.PyArray_ITEMSIZE(x)):
+            a.direct = False
+    if a.direct and a.x.storage == NATIVE:
+        return None
+    return cnp.PyArray_EMPTY(1, &n, cnp.PyArray_TYPE(w), 0)
 
 
 def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,

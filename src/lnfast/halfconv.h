@@ -73,6 +73,53 @@ static inline uint16_t lnf_f32_to_bf16(float v)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+#if LNF_VECTOR
+/* The same conversions on 16 values at once, for the row sweeps. */
+#define LNF_VSPLAT(u) ((lnf_vu32){0} + (uint32_t)(u))
+#define LNF_VSELECT(m, a, b) (((m) & (a)) | (~(m) & (b)))
+
+static inline __attribute__((always_inline)) lnf_vf lnf_vwiden_bf16(lnf_vu16 h)
+{
+    return (lnf_vf)(__builtin_convertvector(h, lnf_vu32) << 16);
+}
+
+static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_bf16(lnf_vf v)
+{
+    lnf_vu32 u = (lnf_vu32)v;
+    lnf_vu32 nan = (lnf_vu32)((u & 0x7fffffffu) > 0x7f800000u);
+    lnf_vu32 r = LNF_VSELECT(nan, (u >> 16) | 0x40u, (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return __builtin_convertvector(r, lnf_vu16);
+}
+
+static inline __attribute__((always_inline)) lnf_vf lnf_vwiden_f16(lnf_vu16 h16)
+{
+    const uint32_t exp_mask = 0x7c00u << 13;
+    lnf_vu32 h = __builtin_convertvector(h16, lnf_vu32);
+    lnf_vu32 o = (h & 0x7fffu) << 13, exp = o & exp_mask;
+    o += (uint32_t)(127 - 15) << 23;
+    o += (lnf_vu32)(exp == exp_mask) & ((uint32_t)(128 - 16) << 23);
+    lnf_vu32 sub = (lnf_vu32)((lnf_vf)(o + (1u << 23)) - (lnf_vf)LNF_VSPLAT(113u << 23));
+    o = LNF_VSELECT((lnf_vu32)(exp == 0), sub, o);
+    return (lnf_vf)(o | ((h & 0x8000u) << 16));
+}
+
+static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_f16(lnf_vf v)
+{
+    const uint32_t f16_overflow = (uint32_t)(127 + 16) << 23;
+    const uint32_t denorm_magic = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
+    lnf_vu32 f = (lnf_vu32)v, sign = f & 0x80000000u;
+    f ^= sign;
+    lnf_vu32 big = 0x7c00u | ((lnf_vu32)(f > 0x7f800000u) & 0x0200u);
+    lnf_vu32 small = (lnf_vu32)((lnf_vf)f + (lnf_vf)LNF_VSPLAT(denorm_magic)) - denorm_magic;
+    lnf_vu32 normal = (f + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
+    lnf_vu32 o = LNF_VSELECT((lnf_vu32)(f >= f16_overflow), big,
+                             LNF_VSELECT((lnf_vu32)(f < (113u << 23)), small, normal));
+    return __builtin_convertvector(o | (sign >> 16), lnf_vu16);
+}
+#undef LNF_VSPLAT
+#undef LNF_VSELECT
+#endif
+
 /* Row conversions: src or dst rows of 16-bit values with a byte stride. */
 #define LNF_DEFINE_ROW_CONVERSIONS(NAME, TO_F32, FROM_F32)                              \
     LNF_DISPATCH static void lnf_widen_##NAME##_portable(const char *src, ptrdiff_t stride, \

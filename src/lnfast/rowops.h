@@ -23,6 +23,24 @@
 #define LNF_STEP (LNF_LANES * LNF_BLOCK)
 #define LNF_LINE ((ptrdiff_t)(64 / sizeof(LNF_T)))
 
+/* Row data (x, y, z, dy, dz, dx) is stored as LNF_S: LNF_GET/LNF_PUT read
+ * and write one element in LNF_T, LNF_ROUND1 rounds a value to the storage
+ * type and back (the fused add's z).  16-bit rows convert exactly when
+ * read and round to nearest even, once, when written. */
+#if LNF_STORAGE16 == 0
+#define LNF_GET(p, i) ((p)[i])
+#define LNF_PUT(p, i, v) ((p)[i] = (v))
+#define LNF_ROUND1(v) (v)
+#elif LNF_STORAGE16 == 1
+#define LNF_GET(p, i) lnf_f16_to_f32((p)[i])
+#define LNF_PUT(p, i, v) ((p)[i] = lnf_f32_to_f16(v))
+#define LNF_ROUND1(v) lnf_f16_to_f32(lnf_f32_to_f16(v))
+#else
+#define LNF_GET(p, i) lnf_bf16_to_f32((p)[i])
+#define LNF_PUT(p, i, v) ((p)[i] = lnf_f32_to_bf16(v))
+#define LNF_ROUND1(v) lnf_bf16_to_f32(lnf_f32_to_bf16(v))
+#endif
+
 #if LNF_VECTOR
 /* LNF_LANES elements are LNF_NV vectors of 64 bytes, loaded and stored
  * without alignment requirements.  Macros, not functions: wide vectors may
@@ -32,6 +50,23 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_LOAD(p) ({ LNF_VT v_; memcpy(&v_, (p), sizeof v_); v_; })
 #define LNF_STORE(p, v) do { LNF_VT s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
 #define LNF_SPLAT(s) ((LNF_T)(s) - (LNF_VT){0})
+/* Vectors of row data, as LNF_GET/LNF_PUT/LNF_ROUND1 above. */
+#if LNF_STORAGE16 == 0
+#define LNF_LOADS(p) LNF_LOAD(p)
+#define LNF_STORES(p, v) LNF_STORE(p, v)
+#define LNF_ROUND(v) (v)
+#else
+#if LNF_STORAGE16 == 1
+#define LNF_VWIDEN lnf_vwiden_f16
+#define LNF_VNARROW lnf_vnarrow_f16
+#else
+#define LNF_VWIDEN lnf_vwiden_bf16
+#define LNF_VNARROW lnf_vnarrow_bf16
+#endif
+#define LNF_LOADS(p) ({ lnf_vu16 h_; memcpy(&h_, (p), sizeof h_); LNF_VWIDEN(h_); })
+#define LNF_STORES(p, v) do { lnf_vu16 h_ = LNF_VNARROW(v); memcpy((p), &h_, sizeof h_); } while (0)
+#define LNF_ROUND(v) LNF_VWIDEN(LNF_VNARROW(v))
+#endif
 /* acc[0], acc[1] (the float64 lanes) += s[0 .. LNF_NV), widened. */
 #if LNF_NV == 1
 #define LNF_ACC(acc, s)                                                       \
@@ -53,6 +88,18 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
         LNF_STORED((p) + 8, m_[1]);                                           \
     } while (0)
 #define LNF_ZERO(acc) ((acc)[0] = (acc)[1] = (lnf_vd){0})
+/* Prefetch the lines LNF_PREFETCH_BYTES ahead of the LNF_STEP elements of
+ * row p from i, past its end into row pf (NULL: none). */
+#define LNF_AHEAD(p, pf, i, n)                                                     \
+    do {                                                                           \
+        for (ptrdiff_t l_ = 0; l_ < LNF_STEP; l_ += 64 / sizeof(LNF_S)) {          \
+            ptrdiff_t t_ = (i) + l_ + (ptrdiff_t)(LNF_PREFETCH_BYTES / sizeof(LNF_S)); \
+            if (t_ < (n))                                                          \
+                LNF_PREFETCH((p) + t_);                                            \
+            else if ((pf) != NULL && t_ - (n) < (n))                               \
+                LNF_PREFETCH((pf) + (t_ - (n)));                                   \
+        }                                                                          \
+    } while (0)
 #define LNF_SPILL(s, acc) memcpy((s), (acc), sizeof(acc))
 #endif
 
@@ -62,9 +109,10 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
  * - the map of a row (x != NULL):  y = ((x - hi) - lo) * rs * w + b, or
  *   y = x * rs * w when b is NULL (RMSNorm).  y may be x itself.
  * - the sums of the next row (xn != NULL): v = xn, or v = xn + rn stored to
- *   zn when rn is not NULL (the fused residual add), and
- *   s1 = sum(v - shift), s2 = sum((v - shift)^2), differences and squares
- *   in LNF_T, sums in float64 lanes fed in blocks.
+ *   zn when rn is not NULL (the fused residual add; the sums see z as
+ *   stored), and s[0] = sum(v - shift), s[1] = sum((v - shift)^2),
+ *   differences and squares in LNF_T, sums in float64 lanes fed in blocks;
+ *   s[2] = shift, the row's first value when centered, else 0.
  *
  * Doing both at once keeps memory busy: the next row streams in while this
  * one is written, rather than each row's read waiting on its own write.
@@ -72,17 +120,24 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
  * exact; the caller redoes in float64 the rare rows whose squares could
  * overflow or underflow LNF_T.  Sums do not depend on whether a map ran
  * alongside. */
-LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_T *x, LNF_T *y,
+LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
                                               const LNF_T *__restrict w,
                                               const LNF_T *__restrict b, LNF_T hi, LNF_T lo,
-                                              LNF_T rs, const LNF_T *xn, const LNF_T *rn,
-                                              LNF_T *zn, LNF_T shift, double *s1_out,
-                                              double *s2_out, ptrdiff_t n)
+                                              LNF_T rs, const LNF_S *xn, const LNF_S *rn,
+                                              LNF_S *zn, int centered, double *s,
+                                              ptrdiff_t n, const LNF_S *xf, const LNF_S *rf)
 {
     double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0}, t1 = 0.0, t2 = 0.0;
     ptrdiff_t i = 0;
-#define LNF_MAP1(j) y[j] = b != NULL ? ((x[j] - hi) - lo) * rs * w[j] + b[j] : x[j] * rs * w[j]
-#define LNF_NEXT1(j) (rn != NULL ? (zn[j] = xn[j] + rn[j]) : xn[j])
+    LNF_T shift = 0;
+#define LNF_MAP1(j)                                                                   \
+    LNF_PUT(y, j, b != NULL ? ((LNF_GET(x, j) - hi) - lo) * rs * w[j] + b[j]          \
+                            : LNF_GET(x, j) * rs * w[j])
+#define LNF_NEXT1(j)                                                                  \
+    (rn != NULL ? (LNF_PUT(zn, j, LNF_GET(xn, j) + LNF_GET(rn, j)), LNF_GET(zn, j))   \
+                : LNF_GET(xn, j))
+    if (xn != NULL && centered)
+        shift = LNF_NEXT1(0);
 #if LNF_VECTOR
     lnf_vd a[2], c[2];
     const LNF_VT sh = LNF_SPLAT(shift), vhi = LNF_SPLAT(hi), vlo = LNF_SPLAT(lo),
@@ -90,16 +145,16 @@ LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_T *x, LNF_T *y,
     LNF_ZERO(a), LNF_ZERO(c);
 #define LNF_MAP(j)                                                                 \
     do {                                                                           \
-        LNF_VT xv_ = LNF_LOAD(x + (j)), wv_ = LNF_LOAD(w + (j));                   \
-        LNF_STORE(y + (j), b != NULL ? ((xv_ - vhi) - vlo) * vrs * wv_ + LNF_LOAD(b + (j)) \
-                                     : xv_ * vrs * wv_);                           \
+        LNF_VT xv_ = LNF_LOADS(x + (j)), wv_ = LNF_LOAD(w + (j));                  \
+        LNF_STORES(y + (j), b != NULL ? ((xv_ - vhi) - vlo) * vrs * wv_ + LNF_LOAD(b + (j)) \
+                                      : xv_ * vrs * wv_);                          \
     } while (0)
 #define LNF_NEXT(j)                                                                \
     ({                                                                             \
-        LNF_VT v_ = LNF_LOAD(xn + (j));                                            \
+        LNF_VT v_ = LNF_LOADS(xn + (j));                                           \
         if (rn != NULL) {                                                          \
-            v_ += LNF_LOAD(rn + (j));                                              \
-            LNF_STORE(zn + (j), v_);                                               \
+            v_ = LNF_ROUND(v_ + LNF_LOADS(rn + (j)));                              \
+            LNF_STORES(zn + (j), v_);                                              \
         }                                                                          \
         v_ - sh;                                                                   \
     })
@@ -108,6 +163,9 @@ LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_T *x, LNF_T *y,
             for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LINE)
                 LNF_MAP(j);
         if (xn != NULL) {
+            LNF_AHEAD(xn, xf, i, n);
+            if (rn != NULL)
+                LNF_AHEAD(rn, rf, i, n);
             LNF_VT p[LNF_NV], q[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
                 LNF_VT d = LNF_NEXT(i + v * LNF_LINE);
@@ -172,8 +230,9 @@ LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_T *x, LNF_T *y,
 #undef LNF_MAP1
 #undef LNF_NEXT1
     if (xn != NULL) {
-        *s1_out = lnf_fold(s1) + t1;
-        *s2_out = lnf_fold(s2) + t2;
+        s[0] = lnf_fold(s1) + t1;
+        s[1] = lnf_fold(s2) + t2;
+        s[2] = shift;
     }
 }
 
@@ -189,13 +248,14 @@ LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_T *x, LNF_T *y,
  * - the sums of the next row (xn != NULL), every term in LNF_T with
  *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
  *   float64 lanes fed in blocks. */
-LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_T *x, const LNF_T *dy,
-                                                   const LNF_T *dz, LNF_T *dx,
+LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
+                                                   const LNF_S *dz, LNF_S *dx,
                                                    const LNF_T *k, double *__restrict dw,
-                                                   double *__restrict db, const LNF_T *xn,
-                                                   const LNF_T *dyn, LNF_T mean_n,
+                                                   double *__restrict db, const LNF_S *xn,
+                                                   const LNF_S *dyn, LNF_T mean_n,
                                                    double *out, const LNF_T *__restrict w,
-                                                   ptrdiff_t n)
+                                                   ptrdiff_t n, const LNF_S *xf,
+                                                   const LNF_S *dyf)
 {
     double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
     double td = 0.0, tg = 0.0, tgd = 0.0;
@@ -205,14 +265,15 @@ LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_T *x, const LNF_T *
     ptrdiff_t i = 0;
 #define LNF_MAP1(j)                                                               \
     do {                                                                          \
-        LNF_T xh_ = ((x[j] - k0) - k1) * k2, t_ = dy[j] * xh_;                    \
-        LNF_T dx_ = k2 * ((dy[j] * w[j] - k3) - xh_ * k4);                        \
-        dx[j] = dz != NULL ? dx_ + dz[j] : dx_;                                   \
+        LNF_T dy_ = LNF_GET(dy, j), xh_ = ((LNF_GET(x, j) - k0) - k1) * k2;       \
+        LNF_T dx_ = k2 * ((dy_ * w[j] - k3) - xh_ * k4), t_ = dy_ * xh_;          \
+        LNF_PUT(dx, j, dz != NULL ? dx_ + LNF_GET(dz, j) : dx_);                  \
         dw[j] += t_;                                                              \
         if (db != NULL)                                                           \
-            db[j] += dy[j];                                                       \
+            db[j] += dy_;                                                         \
     } while (0)
-#define LNF_TERMS1(j) LNF_T d = xn[j] - mean_n, g = dyn[j] * w[j], gd = g * d
+#define LNF_TERMS1(j) \
+    LNF_T d = LNF_GET(xn, j) - mean_n, g = LNF_GET(dyn, j) * w[j], gd = g * d
 #if LNF_VECTOR
     lnf_vd a[2], b[2], c[2];
     const LNF_VT m = LNF_SPLAT(mean_n), km0 = LNF_SPLAT(k0), km1 = LNF_SPLAT(k1),
@@ -224,12 +285,12 @@ LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_T *x, const LNF_T *
         LNF_VT t_[LNF_NV], dyv_[LNF_NV];                                          \
         for (int v_ = 0; v_ < LNF_NV; v_++) {                                     \
             ptrdiff_t e_ = (j) + v_ * LNF_LINE;                                   \
-            LNF_VT xv = LNF_LOAD(x + e_), dyv = LNF_LOAD(dy + e_);                \
+            LNF_VT xv = LNF_LOADS(x + e_), dyv = LNF_LOADS(dy + e_);              \
             LNF_VT xh = ((xv - km0) - km1) * km2;                                 \
             LNF_VT dxv = km2 * ((dyv * LNF_LOAD(w + e_) - km3) - xh * km4);       \
             if (dz != NULL)                                                       \
-                dxv += LNF_LOAD(dz + e_);                                         \
-            LNF_STORE(dx + e_, dxv);                                              \
+                dxv += LNF_LOADS(dz + e_);                                        \
+            LNF_STORES(dx + e_, dxv);                                             \
             t_[v_] = dyv * xh, dyv_[v_] = dyv;                                    \
         }                                                                         \
         LNF_ACC_MEM(dw + (j), t_);                                                \
@@ -237,13 +298,15 @@ LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_T *x, const LNF_T *
             LNF_ACC_MEM(db + (j), dyv_);                                          \
     } while (0)
 #define LNF_TERMS(j)                                                              \
-    LNF_VT d = LNF_LOAD(xn + (j)) - m, g = LNF_LOAD(dyn + (j)) * LNF_LOAD(w + (j)), \
+    LNF_VT d = LNF_LOADS(xn + (j)) - m, g = LNF_LOADS(dyn + (j)) * LNF_LOAD(w + (j)), \
            gd = g * d
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
         if (x != NULL)
             for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES)
                 LNF_MAP(j);
         if (xn != NULL) {
+            LNF_AHEAD(xn, xf, i, n);
+            LNF_AHEAD(dyn, dyf, i, n);
             LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
                 {
@@ -319,12 +382,21 @@ LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_T *x, const LNF_T *
 }
 
 #undef LNF_VT
+#undef LNF_LOADS
+#undef LNF_STORES
+#undef LNF_ROUND
+#undef LNF_VWIDEN
+#undef LNF_VNARROW
+#undef LNF_GET
+#undef LNF_PUT
+#undef LNF_ROUND1
 #undef LNF_LOAD
 #undef LNF_STORE
 #undef LNF_SPLAT
 #undef LNF_ACC
 #undef LNF_ACC_MEM
 #undef LNF_ZERO
+#undef LNF_AHEAD
 #undef LNF_SPILL
 #undef LNF_LINE
 #undef LNF_STEP

@@ -10,6 +10,7 @@
 #define LNFAST_ROWOPS_ALL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Independent float64 accumulators per sum: two vectors of 8. */
@@ -23,6 +24,9 @@
 /* 64-byte vectors: one AVX-512 register, split by the compiler below. */
 typedef double lnf_vd __attribute__((vector_size(64)));
 typedef double lnf_vd2 __attribute__((vector_size(128)));    /* two of them */
+typedef float lnf_vf __attribute__((vector_size(64)));        /* 16 float32 */
+typedef uint32_t lnf_vu32 __attribute__((vector_size(64)));   /* their bits */
+typedef uint16_t lnf_vu16 __attribute__((vector_size(32)));   /* 16 float16/bfloat16 */
 #define LNF_LOADD(p) ({ lnf_vd v_; memcpy(&v_, (p), sizeof v_); v_; })
 #define LNF_STORED(p, v) do { lnf_vd s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
 /* Half k (0 or 1) of an lnf_vd2.  Converting 16 floats to an lnf_vd2 and
@@ -46,6 +50,18 @@ typedef double lnf_vd2 __attribute__((vector_size(128)));    /* two of them */
 #else
 #define LNF_DISPATCH
 #define LNF_HAVE_DISPATCH 0
+#endif
+
+/* How far ahead of its reads a sweep prefetches the row it sums, running
+ * on into the row after it: the hardware prefetchers stop at each 4 KiB
+ * page, which is every row for D = 1024 float32. */
+#ifndef LNF_PREFETCH_BYTES
+#define LNF_PREFETCH_BYTES 2048
+#endif
+#if defined(__GNUC__)
+#define LNF_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define LNF_PREFETCH(p) ((void)(p))
 #endif
 
 /* Pairwise fold of the lanes: halves added in place, in a fixed order. */
@@ -80,22 +96,46 @@ static inline const char *lnf_simd_runtime(void)
 #endif
 }
 
+#include "halfconv.h"
+
+/* Row data is stored as LNF_S and computed in LNF_T; 16-bit rows (LNF_STORAGE16
+ * 1: float16, 2: bfloat16) are converted inside the sweeps. */
 #define LNF_T float
+#define LNF_S float
 #define LNF_SUFFIX f32
 #define LNF_NV 1        /* 64-byte vectors per LNF_LANES elements */
+#define LNF_STORAGE16 0
+#include "rowops.h"
+#undef LNF_S
+#undef LNF_SUFFIX
+#undef LNF_STORAGE16
+
+#define LNF_S uint16_t
+#define LNF_SUFFIX f16
+#define LNF_STORAGE16 1
+#include "rowops.h"
+#undef LNF_SUFFIX
+#undef LNF_STORAGE16
+
+#define LNF_SUFFIX bf16
+#define LNF_STORAGE16 2
 #include "rowops.h"
 #undef LNF_T
+#undef LNF_S
 #undef LNF_SUFFIX
 #undef LNF_NV
+#undef LNF_STORAGE16
 
 #define LNF_T double
+#define LNF_S double
 #define LNF_SUFFIX f64
 #define LNF_NV 2
+#define LNF_STORAGE16 0
 #include "rowops.h"
 #undef LNF_T
+#undef LNF_S
 #undef LNF_SUFFIX
 #undef LNF_NV
-
-#include "halfconv.h"
+#undef LNF_STORAGE16
 
 #endif
