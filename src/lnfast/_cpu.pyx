@@ -111,12 +111,12 @@ def convert(cnp.ndarray src, cnp.ndarray dst):
         raise TypeError("one of src, dst must be contiguous float32, the other 16-bit")
 
 
-def half_paths(bint portable):
-    """Make float16 rows use the portable conversion code (True) or the
-    F16C instructions where the CPU has them (False); returns whether F16C
-    is available.  For tests."""
-    global lnf_force_portable
-    lnf_force_portable = portable
+def half_paths(str path):
+    """Which 16-bit conversion code runs: "best" (AVX-512, else AVX2, with
+    F16C for float16, where the CPU has them), "avx2" (no AVX-512) or
+    "portable".  Returns whether the CPU has F16C.  For tests."""
+    global lnf_half_path
+    lnf_half_path = {"best": 0, "avx2": 1, "portable": 2}[path]
     return bool(lnf_has_f16c())
 
 
@@ -198,7 +198,7 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     void lnf_narrow_f16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     void lnf_widen_bf16(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
     void lnf_narrow_bf16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
-    int lnf_force_portable
+    int lnf_half_path
     int lnf_has_f16c()
     # Row sweeps (rowops.h), one per storage type; f16/bf16 rows are
     # uint16_t bits computed in float32.

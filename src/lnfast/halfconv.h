@@ -118,6 +118,102 @@ static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_f16(lnf_vf v)
 }
 #undef LNF_VSPLAT
 #undef LNF_VSELECT
+
+#if LNF_HAVE_DISPATCH
+#include <immintrin.h>
+/* Conversions for the sweeps compiled for AVX-512 and AVX2 (rowops_all.h).
+ * float16 with F16C: one instruction per 16 (AVX-512) or 8 (AVX2) values. */
+#define LNF_F16C(t) static inline __attribute__((target(t), always_inline))
+#define LNF_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+LNF_F16C("avx512f,f16c") lnf_vf lnf_vwiden_f16c512(lnf_vu16 h)
+{
+    return (lnf_vf)_mm512_cvtph_ps((__m256i)h);
+}
+
+LNF_F16C("avx512f,f16c") lnf_vu16 lnf_vnarrow_f16c512(lnf_vf v)
+{
+    return (lnf_vu16)_mm512_cvtps_ph((__m512)v, LNF_NEAREST);
+}
+
+LNF_F16C("avx2,f16c") lnf_vf lnf_vwiden_f16c256(lnf_vu16 h)
+{
+    __m128i half[2];
+    __m256 out[2];
+    memcpy(half, &h, sizeof half);
+    out[0] = _mm256_cvtph_ps(half[0]);
+    out[1] = _mm256_cvtph_ps(half[1]);
+    lnf_vf v;
+    memcpy(&v, out, sizeof v);
+    return v;
+}
+
+LNF_F16C("avx2,f16c") lnf_vu16 lnf_vnarrow_f16c256(lnf_vf v)
+{
+    __m256 in[2];
+    __m128i out[2];
+    memcpy(in, &v, sizeof in);
+    out[0] = _mm256_cvtps_ph(in[0], LNF_NEAREST);
+    out[1] = _mm256_cvtps_ph(in[1], LNF_NEAREST);
+    lnf_vu16 h;
+    memcpy(&h, out, sizeof h);
+    return h;
+}
+
+/* bfloat16 with AVX-512 and AVX2 integer instructions: the portable
+ * functions' arithmetic, in the instructions GCC's generic vectors miss. */
+LNF_F16C("avx512f") lnf_vf lnf_vwiden_bf16x512(lnf_vu16 h)
+{
+    return (lnf_vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+}
+
+LNF_F16C("avx512f") lnf_vu16 lnf_vnarrow_bf16x512(lnf_vf v)
+{
+    __m512i u = (__m512i)v, hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                         _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    return (lnf_vu16)_mm512_cvtepi32_epi16(r);
+}
+
+LNF_F16C("avx2") lnf_vf lnf_vwiden_bf16x256(lnf_vu16 h)
+{
+    __m128i half[2];
+    __m256i out[2];
+    memcpy(half, &h, sizeof half);
+    out[0] = _mm256_slli_epi32(_mm256_cvtepu16_epi32(half[0]), 16);
+    out[1] = _mm256_slli_epi32(_mm256_cvtepu16_epi32(half[1]), 16);
+    lnf_vf v;
+    memcpy(&v, out, sizeof v);
+    return v;
+}
+
+LNF_F16C("avx2") lnf_vu16 lnf_vnarrow_bf16x256(lnf_vf v)
+{
+    __m256i u[2], r[2];
+    memcpy(u, &v, sizeof u);
+    for (int k = 0; k < 2; k++) {
+        __m256i hi = _mm256_srli_epi32(u[k], 16);
+        __m256i rne = _mm256_srli_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(u[k], _mm256_set1_epi32(0x7fff)),
+                             _mm256_and_si256(hi, _mm256_set1_epi32(1))), 16);
+        /* NaN: magnitude above infinity's bits (signed compare is safe:
+         * both sides are below 2^31) */
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u[k], _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+        r[k] = _mm256_blendv_epi8(rne, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    }
+    /* packus works within 128-bit lanes: put the halves back in order */
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+    lnf_vu16 h;
+    memcpy(&h, &p, sizeof h);
+    return h;
+}
+#undef LNF_F16C
+#undef LNF_NEAREST
+#endif
 #endif
 
 /* Row conversions: src or dst rows of 16-bit values with a byte stride. */
@@ -199,13 +295,14 @@ static int lnf_has_f16c(void)
 static int lnf_has_f16c(void) { return 0; }
 #endif
 
-/* lnf_force_portable: tests set it to check the portable path here too. */
-static int lnf_force_portable = 0;
+/* Which 16-bit code runs, for tests: 0 the best the CPU has, 1 no AVX-512,
+ * 2 the portable code only. */
+static int lnf_half_path = 0;
 
 static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n)
 {
 #if LNF_HAVE_DISPATCH
-    if (stride == 2 && !lnf_force_portable && lnf_has_f16c()) {
+    if (stride == 2 && lnf_half_path < 2 && lnf_has_f16c()) {
         lnf_widen_f16_f16c(src, dst, n);
         return;
     }
@@ -216,7 +313,7 @@ static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff
 static void lnf_narrow_f16(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n)
 {
 #if LNF_HAVE_DISPATCH
-    if (stride == 2 && !lnf_force_portable && lnf_has_f16c()) {
+    if (stride == 2 && lnf_half_path < 2 && lnf_has_f16c()) {
         lnf_narrow_f16_f16c(src, dst, n);
         return;
     }

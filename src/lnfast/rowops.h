@@ -1,8 +1,11 @@
 /* Row sweeps of the CPU kernels: the inner loops.
  *
  * This file is a template: rowops_all.h includes it once per element type,
- * with LNF_T (float or double), LNF_SUFFIX (f32 or f64) and LNF_NV (64-byte
- * vectors per LNF_LANES elements) defined.  The Cython drivers in _cpu.pyx
+ * with LNF_T (float or double), LNF_S (its storage type), LNF_SUFFIX,
+ * LNF_ATTR (the function attributes) and LNF_NV (64-byte vectors per
+ * LNF_LANES elements) defined; for 16-bit storage (LNF_STORAGE16 1), also
+ * its conversions LNF_TO_F32, LNF_FROM_F32 (one value) and LNF_VWIDEN,
+ * LNF_VNARROW (16 values).  The Cython drivers in _cpu.pyx
  * call one sweep per row: lnf_row_pipe (forward) and lnf_row_grad_pipe
  * (backward), each the map of one row together with the sums of the next.
  *
@@ -27,18 +30,14 @@
  * and write one element in LNF_T, LNF_ROUND1 rounds a value to the storage
  * type and back (the fused add's z).  16-bit rows convert exactly when
  * read and round to nearest even, once, when written. */
-#if LNF_STORAGE16 == 0
+#if !LNF_STORAGE16
 #define LNF_GET(p, i) ((p)[i])
 #define LNF_PUT(p, i, v) ((p)[i] = (v))
 #define LNF_ROUND1(v) (v)
-#elif LNF_STORAGE16 == 1
-#define LNF_GET(p, i) lnf_f16_to_f32((p)[i])
-#define LNF_PUT(p, i, v) ((p)[i] = lnf_f32_to_f16(v))
-#define LNF_ROUND1(v) lnf_f16_to_f32(lnf_f32_to_f16(v))
 #else
-#define LNF_GET(p, i) lnf_bf16_to_f32((p)[i])
-#define LNF_PUT(p, i, v) ((p)[i] = lnf_f32_to_bf16(v))
-#define LNF_ROUND1(v) lnf_bf16_to_f32(lnf_f32_to_bf16(v))
+#define LNF_GET(p, i) LNF_TO_F32((p)[i])
+#define LNF_PUT(p, i, v) ((p)[i] = LNF_FROM_F32(v))
+#define LNF_ROUND1(v) LNF_TO_F32(LNF_FROM_F32(v))
 #endif
 
 #if LNF_VECTOR
@@ -51,18 +50,11 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_STORE(p, v) do { LNF_VT s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
 #define LNF_SPLAT(s) ((LNF_T)(s) - (LNF_VT){0})
 /* Vectors of row data, as LNF_GET/LNF_PUT/LNF_ROUND1 above. */
-#if LNF_STORAGE16 == 0
+#if !LNF_STORAGE16
 #define LNF_LOADS(p) LNF_LOAD(p)
 #define LNF_STORES(p, v) LNF_STORE(p, v)
 #define LNF_ROUND(v) (v)
 #else
-#if LNF_STORAGE16 == 1
-#define LNF_VWIDEN lnf_vwiden_f16
-#define LNF_VNARROW lnf_vnarrow_f16
-#else
-#define LNF_VWIDEN lnf_vwiden_bf16
-#define LNF_VNARROW lnf_vnarrow_bf16
-#endif
 #define LNF_LOADS(p) ({ lnf_vu16 h_; memcpy(&h_, (p), sizeof h_); LNF_VWIDEN(h_); })
 #define LNF_STORES(p, v) do { lnf_vu16 h_ = LNF_VNARROW(v); memcpy((p), &h_, sizeof h_); } while (0)
 #define LNF_ROUND(v) LNF_VWIDEN(LNF_VNARROW(v))
@@ -120,7 +112,7 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
  * exact; the caller redoes in float64 the rare rows whose squares could
  * overflow or underflow LNF_T.  Sums do not depend on whether a map ran
  * alongside. */
-LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
+LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
                                               const LNF_T *__restrict w,
                                               const LNF_T *__restrict b, LNF_T hi, LNF_T lo,
                                               LNF_T rs, const LNF_S *xn, const LNF_S *rn,
@@ -248,7 +240,7 @@ LNF_DISPATCH static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
  * - the sums of the next row (xn != NULL), every term in LNF_T with
  *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
  *   float64 lanes fed in blocks. */
-LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
+LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
                                                    const LNF_S *dz, LNF_S *dx,
                                                    const LNF_T *k, double *__restrict dw,
                                                    double *__restrict db, const LNF_S *xn,
@@ -385,8 +377,6 @@ LNF_DISPATCH static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *
 #undef LNF_LOADS
 #undef LNF_STORES
 #undef LNF_ROUND
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
 #undef LNF_GET
 #undef LNF_PUT
 #undef LNF_ROUND1

@@ -98,8 +98,12 @@ static inline const char *lnf_simd_runtime(void)
 
 #include "halfconv.h"
 
-/* Row data is stored as LNF_S and computed in LNF_T; 16-bit rows (LNF_STORAGE16
- * 1: float16, 2: bfloat16) are converted inside the sweeps. */
+/* Row data is stored as LNF_S and computed in LNF_T.  16-bit rows
+ * (LNF_STORAGE16) are converted inside the sweeps; their sweeps are also
+ * built for AVX-512 and AVX2 with the conversion instructions (F16C for
+ * float16), which target_clones cannot pick (F16C is not part of "avx2"),
+ * and chosen at run time below. */
+#define LNF_ATTR LNF_DISPATCH
 #define LNF_T float
 #define LNF_S float
 #define LNF_SUFFIX f32
@@ -109,33 +113,143 @@ static inline const char *lnf_simd_runtime(void)
 #undef LNF_S
 #undef LNF_SUFFIX
 #undef LNF_STORAGE16
+#undef LNF_ATTR
 
 #define LNF_S uint16_t
-#define LNF_SUFFIX f16
 #define LNF_STORAGE16 1
-#include "rowops.h"
-#undef LNF_SUFFIX
-#undef LNF_STORAGE16
 
-#define LNF_SUFFIX bf16
-#define LNF_STORAGE16 2
+#define LNF_TO_F32 lnf_f16_to_f32
+#define LNF_FROM_F32 lnf_f32_to_f16
+#define LNF_ATTR LNF_DISPATCH
+#define LNF_SUFFIX f16p
+#define LNF_VWIDEN lnf_vwiden_f16
+#define LNF_VNARROW lnf_vnarrow_f16
 #include "rowops.h"
+#undef LNF_ATTR
+#undef LNF_SUFFIX
+#undef LNF_VWIDEN
+#undef LNF_VNARROW
+#define LNF_X86_SWEEPS (LNF_HAVE_DISPATCH && LNF_VECTOR)
+#if LNF_X86_SWEEPS
+#define LNF_ATTR __attribute__((target("avx512f,f16c")))
+#define LNF_SUFFIX f16x512
+#define LNF_VWIDEN lnf_vwiden_f16c512
+#define LNF_VNARROW lnf_vnarrow_f16c512
+#include "rowops.h"
+#undef LNF_ATTR
+#undef LNF_SUFFIX
+#undef LNF_VWIDEN
+#undef LNF_VNARROW
+#define LNF_ATTR __attribute__((target("avx2,f16c")))
+#define LNF_SUFFIX f16x256
+#define LNF_VWIDEN lnf_vwiden_f16c256
+#define LNF_VNARROW lnf_vnarrow_f16c256
+#include "rowops.h"
+#undef LNF_ATTR
+#undef LNF_SUFFIX
+#undef LNF_VWIDEN
+#undef LNF_VNARROW
+#endif
+#undef LNF_TO_F32
+#undef LNF_FROM_F32
+
+#define LNF_TO_F32 lnf_bf16_to_f32
+#define LNF_FROM_F32 lnf_f32_to_bf16
+#define LNF_ATTR LNF_DISPATCH
+#define LNF_SUFFIX bf16p
+#define LNF_VWIDEN lnf_vwiden_bf16
+#define LNF_VNARROW lnf_vnarrow_bf16
+#include "rowops.h"
+#undef LNF_ATTR
+#undef LNF_SUFFIX
+#undef LNF_VWIDEN
+#undef LNF_VNARROW
+#if LNF_X86_SWEEPS
+#define LNF_ATTR __attribute__((target("avx512f")))
+#define LNF_SUFFIX bf16x512
+#define LNF_VWIDEN lnf_vwiden_bf16x512
+#define LNF_VNARROW lnf_vnarrow_bf16x512
+#include "rowops.h"
+#undef LNF_ATTR
+#undef LNF_SUFFIX
+#undef LNF_VWIDEN
+#undef LNF_VNARROW
+#define LNF_ATTR __attribute__((target("avx2")))
+#define LNF_SUFFIX bf16x256
+#define LNF_VWIDEN lnf_vwiden_bf16x256
+#define LNF_VNARROW lnf_vnarrow_bf16x256
+#include "rowops.h"
+#undef LNF_ATTR
+#undef LNF_SUFFIX
+#undef LNF_VWIDEN
+#undef LNF_VNARROW
+#endif
+#undef LNF_TO_F32
+#undef LNF_FROM_F32
 #undef LNF_T
 #undef LNF_S
-#undef LNF_SUFFIX
 #undef LNF_NV
 #undef LNF_STORAGE16
 
+#define LNF_ATTR LNF_DISPATCH
 #define LNF_T double
 #define LNF_S double
 #define LNF_SUFFIX f64
 #define LNF_NV 2
 #define LNF_STORAGE16 0
 #include "rowops.h"
+#undef LNF_ATTR
 #undef LNF_T
 #undef LNF_S
 #undef LNF_SUFFIX
 #undef LNF_NV
 #undef LNF_STORAGE16
+
+/* The 16-bit sweeps in use: AVX-512 or AVX2 builds where the CPU has them
+ * (and F16C for float16), unless tests asked for less (lnf_half_path);
+ * all give the same bits. */
+#if LNF_X86_SWEEPS
+#define LNF_PICK(name, kind, f16c, ...)                                      \
+    do {                                                                     \
+        if (lnf_half_path < 2 && (!(f16c) || lnf_has_f16c())) {            \
+            if (lnf_half_path < 1 && __builtin_cpu_supports("avx512f")) {    \
+                name##_##kind##x512(__VA_ARGS__);                            \
+                return;                                                      \
+            }                                                                \
+            if (__builtin_cpu_supports("avx2")) {                            \
+                name##_##kind##x256(__VA_ARGS__);                            \
+                return;                                                      \
+            }                                                                \
+        }                                                                    \
+        name##_##kind##p(__VA_ARGS__);                                       \
+    } while (0)
+#else
+#define LNF_PICK(name, kind, f16c, ...) name##_##kind##p(__VA_ARGS__)
+#endif
+
+#define LNF_DEFINE_PICKED_SWEEPS(kind, f16c)                                                \
+    static void lnf_row_pipe_##kind(const uint16_t *x, uint16_t *y, const float *w,          \
+                                    const float *b, float hi, float lo, float rs,            \
+                                    const uint16_t *xn, const uint16_t *rn, uint16_t *zn,    \
+                                    int centered, double *s, ptrdiff_t n,                    \
+                                    const uint16_t *xf, const uint16_t *rf)                  \
+    {                                                                                        \
+        LNF_PICK(lnf_row_pipe, kind, f16c, x, y, w, b, hi, lo, rs, xn, rn, zn, centered, s, \
+                 n, xf, rf);                                                                 \
+    }                                                                                        \
+    static void lnf_row_grad_pipe_##kind(const uint16_t *x, const uint16_t *dy,              \
+                                         const uint16_t *dz, uint16_t *dx, const float *k,   \
+                                         double *dw, double *db, const uint16_t *xn,         \
+                                         const uint16_t *dyn, float mean_n, double *out,     \
+                                         const float *w, ptrdiff_t n, const uint16_t *xf,    \
+                                         const uint16_t *dyf)                                \
+    {                                                                                        \
+        LNF_PICK(lnf_row_grad_pipe, kind, f16c, x, dy, dz, dx, k, dw, db, xn, dyn, mean_n,  \
+                 out, w, n, xf, dyf);                                                        \
+    }
+LNF_DEFINE_PICKED_SWEEPS(f16, 1)
+LNF_DEFINE_PICKED_SWEEPS(bf16, 0)
+#undef LNF_DEFINE_PICKED_SWEEPS
+#undef LNF_PICK
 
 #endif
