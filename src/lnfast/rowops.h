@@ -92,6 +92,16 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
                 LNF_PREFETCH((pf) + (t_ - (n)));                                   \
         }                                                                          \
     } while (0)
+/* Prefetch the output LNF_PREFETCH_BYTES ahead of the LNF_LANES elements of
+ * row p from j: a store to a line already in cache needs no read for
+ * ownership, which otherwise stalls the sweep (10-25% of the backward's
+ * time here).  Past the row's end this reaches the next row; prefetches
+ * never fault. */
+#define LNF_PREFETCH_OUT(p, j)                                                     \
+    do {                                                                           \
+        for (size_t o_ = 0; o_ < LNF_LANES * sizeof(LNF_S); o_ += 64)              \
+            LNF_PREFETCH((const char *)((p) + (j)) + LNF_PREFETCH_BYTES + o_);     \
+    } while (0)
 #define LNF_SPILL(s, acc) memcpy((s), (acc), sizeof(acc))
 #endif
 
@@ -152,12 +162,18 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     })
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
         if (x != NULL)
-            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LINE)
+            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LINE) {
+                if ((j - i) % LNF_LANES == 0)
+                    LNF_PREFETCH_OUT(y, j);
                 LNF_MAP(j);
+            }
         if (xn != NULL) {
             LNF_AHEAD(xn, xf, i, n);
-            if (rn != NULL)
+            if (rn != NULL) {
                 LNF_AHEAD(rn, rf, i, n);
+                for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES)
+                    LNF_PREFETCH_OUT(zn, j);
+            }
             LNF_VT p[LNF_NV], q[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
                 LNF_VT d = LNF_NEXT(i + v * LNF_LINE);
@@ -294,8 +310,10 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
            gd = g * d
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
         if (x != NULL)
-            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES)
+            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES) {
+                LNF_PREFETCH_OUT(dx, j);
                 LNF_MAP(j);
+            }
         if (xn != NULL) {
             LNF_AHEAD(xn, xf, i, n);
             LNF_AHEAD(dyn, dyf, i, n);
@@ -387,6 +405,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_ACC_MEM
 #undef LNF_ZERO
 #undef LNF_AHEAD
+#undef LNF_PREFETCH_OUT
 #undef LNF_SPILL
 #undef LNF_LINE
 #undef LNF_STEP
