@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import lnfast
-from lnfast import _cpu
+from lnfast import _cpu, _kernels
 from lnfast import reference as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -249,3 +249,30 @@ def test_bad_16bit_combinations(rng):
         lnfast.layer_norm_backward(x.astype(BF16), x, m, r)
     with pytest.raises(TypeError, match="out"):
         lnfast.layer_norm(x, out=np.empty((2, 8), np.float32))
+
+
+def test_gradients_round_once_to_bfloat16(rng):
+    # float64 dweight/dbias -> bfloat16 in one rounding: the float64 value's
+    # own nearest bfloat16 (ties to even), never float32's nearest and then
+    # bfloat16's.
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    with np.errstate(invalid="ignore"):                        # the NaN patterns
+        vals = bits.view(bf16).astype(np.float64)
+    keep = np.isfinite(vals) & ~((vals == 0) & (bits != 0))   # one zero
+    order = np.argsort(vals[keep])
+    grid, gbits = vals[keep][order], bits[keep][order]
+    mids = (grid[:-1] + grid[1:]) / 2                         # exact ties
+    a = np.concatenate([
+        rng.standard_normal(20_000) * 10.0 ** rng.integers(-40, 38, 20_000),
+        mids, mids + np.abs(mids) * 2.0**-40, mids - np.abs(mids) * 2.0**-40])
+    a = a[(a > grid[0]) & (a < grid[-1])]
+    hi = np.searchsorted(grid, a)                             # grid[hi - 1] < a <= grid[hi]
+    dlo, dhi = a - grid[hi - 1], grid[hi] - a
+    pick_hi = (dhi < dlo) | ((dhi == dlo) & (gbits[hi] % 2 == 0))
+    want = np.where(pick_hi, grid[hi], grid[hi - 1])
+    got = _kernels.round_once(a, bf16).astype(np.float64)
+    assert np.array_equal(got, want)
+    special = _kernels.round_once(np.array([np.nan, np.inf, -np.inf, 1e39, -0.0]), bf16)
+    assert np.isnan(special[0]) and list(special[1:4]) == [np.inf, -np.inf, np.inf]
+    assert np.signbit(special[4])

@@ -12,8 +12,8 @@ Rows of x, dy and out may have any (aligned) strides: a row whose elements are
 not adjacent is gathered into a per-thread buffer first.
 """
 from cython.parallel cimport parallel, prange
-from libc.math cimport sqrt
-from libc.stdint cimport uint16_t
+from libc.math cimport fabs, sqrt
+from libc.stdint cimport uint16_t, uint32_t
 from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
@@ -111,6 +111,30 @@ def convert(cnp.ndarray src, cnp.ndarray dst):
         raise TypeError("one of src, dst must be contiguous float32, the other 16-bit")
 
 
+def round_to_bfloat16(cnp.ndarray a):
+    """float64 1-D `a` rounded once to bfloat16 bits (uint16): to float32
+    toward zero with the last bit set when inexact ("round to odd"), then to
+    nearest even; a plain float64 -> float32 -> bfloat16 cast rounds twice."""
+    cdef cnp.npy_intp i, n = cnp.PyArray_SIZE(a)
+    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or cnp.PyArray_NDIM(a) != 1 \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise TypeError("a must be a contiguous 1-D float64 array")
+    cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT16, 0)
+    cdef const double* v = <const double*>cnp.PyArray_DATA(a)
+    cdef uint16_t* o = <uint16_t*>cnp.PyArray_DATA(out)
+    cdef float f
+    cdef uint32_t u
+    for i in range(n):
+        f = <float>v[i]
+        if <double>f != v[i] and f == f:            # inexact (NaN stays as is)
+            u = lnf_bits(f)
+            if fabs(<double>f) > fabs(v[i]):
+                u -= 1                              # toward zero
+            f = lnf_float(u | 1)
+        o[i] = lnf_f32_to_bf16(f)
+    return out
+
+
 def half_paths(str path):
     """Which 16-bit conversion code runs: "best" (AVX-512, else AVX2, with
     F16C for float16, where the CPU has them), "avx2" (no AVX-512) or
@@ -199,6 +223,9 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     void lnf_widen_bf16(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
     void lnf_narrow_bf16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     int lnf_half_path
+    uint32_t lnf_bits(float f)
+    float lnf_float(uint32_t u)
+    uint16_t lnf_f32_to_bf16(float v)
     int lnf_has_f16c()
     # Row sweeps (rowops.h), one per storage type; f16/bf16 rows are
     # uint16_t bits computed in float32.

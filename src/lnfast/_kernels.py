@@ -116,18 +116,11 @@ def _writes_safely(o, x, others):
 
 
 def round_once(a, dtype):
-    """float64 `a` rounded once to `dtype`.  ml_dtypes converts float64 to
-    bfloat16 through float32 (two roundings); rounding to float32 toward
-    zero and setting the last bit when inexact ("round to odd") first makes
-    the second rounding the only one that counts."""
+    """float64 `a` rounded once to `dtype` (bfloat16: ml_dtypes converts
+    float64 through float32, two roundings; _cpu.round_to_bfloat16 does not)."""
     if dtype != _checks.HALF_DTYPES[1]:
         return a.astype(dtype)
-    f = a.astype(np.float32)
-    away = np.abs(f.astype(np.float64)) > np.abs(a)
-    f = np.where(away, np.nextafter(f, np.float32(0)), f)
-    inexact = f.astype(np.float64) != a
-    bits = f.view(np.uint32) | inexact.astype(np.uint32)
-    return bits.view(np.float32).astype(dtype)
+    return _cpu.round_to_bfloat16(np.ascontiguousarray(a, np.float64)).view(dtype)
 
 
 def num_chunks(M, D):
