@@ -72,4 +72,4 @@ def test_numpy_arrays_use_the_cpu_kernels():
     from lnfast import _dispatch, _kernels
 
     x = np.ones((2, 2))
-    assert _dispatch.backend("x", x, weight=None) is _kernels
+    assert _dispatch.backend("x weight", x, None) is _kernels

@@ -13,13 +13,20 @@ def _kind(a):
     return "cupy.ndarray" if _checks.is_cupy(a) else "numpy.ndarray"
 
 
-def backend(x_name, x, **others):
-    """The kernels module for x's kind; every other array must be the same kind."""
-    if type(x) is np.ndarray and all(a is None or type(a) is np.ndarray
-                                     for a in others.values()):
-        return _kernels                 # the common case, decided quickly
+def backend(names, x, *others):
+    """The kernels module for x's kind; every other array must be the same kind.
+
+    names: the arguments' names, x's first, separated by spaces (read only
+    to word an error)."""
+    if type(x) is np.ndarray:
+        for a in others:
+            if a is not None and type(a) is not np.ndarray:
+                break
+        else:
+            return _kernels             # the common case, decided quickly
+    x_name, *other_names = names.split()
     kind = _kind(x)
-    for name, a in others.items():
+    for name, a in zip(other_names, others):
         if a is not None and _kind(a) != kind:
             raise TypeError(
                 f"{name} is a {_kind(a)} but {x_name} is a {kind}: "

@@ -49,9 +49,10 @@ def empty_cache():
     _constant.cache_clear()
 
 
-def _empty(shape, dtype):
-    """An output array; large ones reuse buffers of dead lnfast outputs."""
-    if math.prod(shape) * dtype.itemsize >= _CACHE_MIN:
+def _empty(shape, dtype, nbytes=None):
+    """An output array (of `nbytes` bytes, when the caller knows); large
+    ones reuse buffers of dead lnfast outputs."""
+    if (math.prod(shape) * dtype.itemsize if nbytes is None else nbytes) >= _CACHE_MIN:
         return _cpu.empty(shape, dtype)
     return np.empty(shape, dtype)
 
@@ -138,9 +139,9 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
     compute = compute_dtype(dtype)
     mean = _empty(lead, compute) if with_mean else None
     rstd = _empty(lead, compute) if with_rstd else None
-    z = _empty(x.shape, dtype) if residual is not None else None
+    z = _empty(x.shape, dtype, x.nbytes) if residual is not None else None
     if out is None:
-        y = target = _empty(x.shape, dtype)
+        y = target = _empty(x.shape, dtype, x.nbytes)
     else:
         y = out
         safe = _writes_safely(out, x, (residual, weight, bias))
@@ -161,7 +162,7 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
     compute = compute_dtype(dtype)
     M = x.size // D
     grad_dtype = compute if weight is None else weight.dtype
-    dx = _empty(x.shape, dtype)
+    dx = _empty(x.shape, dtype, x.nbytes)
     if M == 0:
         return dx, np.zeros(D, grad_dtype), np.zeros(D, grad_dtype)
     nchunks = num_chunks(M, D)

@@ -26,7 +26,7 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, out=None):
     eps = _check_forward(x, weight, bias, eps)
     if out is not None:
         _checks.out(out, x.shape, x.dtype)
-    kernels = backend("x", x, weight=weight, bias=bias, out=out)
+    kernels = backend("x weight bias out", x, weight, bias, out)
     return kernels.forward(x, weight, bias, eps, centered=True, out=out)[0]
 
 
@@ -36,7 +36,7 @@ def layer_norm_forward(x, weight=None, bias=None, *, eps=1e-5):
     mean and rstd have shape x.shape[:-1] and x's dtype.
     """
     eps = _check_forward(x, weight, bias, eps)
-    kernels = backend("x", x, weight=weight, bias=bias)
+    kernels = backend("x weight bias", x, weight, bias)
     y, _, mean, rstd = kernels.forward(x, weight, bias, eps, centered=True,
                                        with_mean=True, with_rstd=True)
     return y, mean, rstd
@@ -49,7 +49,7 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None):
     `weight` (of `x` when weight is None), accumulated in float64.
     """
     _check_backward(dy, x, mean, rstd, weight, "x")
-    kernels = backend("x", x, dy=dy, mean=mean, rstd=rstd, weight=weight)
+    kernels = backend("x dy mean rstd weight", x, dy, mean, rstd, weight)
     return kernels.backward(dy, x, mean, rstd, weight, centered=True)
 
 
@@ -60,7 +60,7 @@ def add_layer_norm_forward(x, residual, weight=None, bias=None, *, eps=1e-5):
     """
     eps = _check_forward(x, weight, bias, eps)
     _checks.like("residual", residual, x)
-    kernels = backend("x", x, residual=residual, weight=weight, bias=bias)
+    kernels = backend("x residual weight bias", x, residual, weight, bias)
     return kernels.forward(x, weight, bias, eps, centered=True, residual=residual,
                            with_mean=True, with_rstd=True)
 
@@ -75,5 +75,5 @@ def add_layer_norm_backward(dy, z, mean, rstd, weight=None, *, dz=None):
     _check_backward(dy, z, mean, rstd, weight, "z")
     if dz is not None:
         _checks.like("dz", dz, z, "z")
-    kernels = backend("z", z, dy=dy, mean=mean, rstd=rstd, weight=weight, dz=dz)
+    kernels = backend("z dy mean rstd weight dz", z, dy, mean, rstd, weight, dz)
     return kernels.backward(dy, z, mean, rstd, weight, centered=True, dz=dz)

@@ -14,14 +14,14 @@ def rms_norm(x, weight=None, *, eps=1e-5, out=None):
     eps = _check_forward(x, weight, eps)
     if out is not None:
         _checks.out(out, x.shape, x.dtype)
-    kernels = backend("x", x, weight=weight, out=out)
+    kernels = backend("x weight out", x, weight, out)
     return kernels.forward(x, weight, None, eps, centered=False, out=out)[0]
 
 
 def rms_norm_forward(x, weight=None, *, eps=1e-5):
     """RMSNorm that also returns rstd (shape x.shape[:-1]): (y, rstd)."""
     eps = _check_forward(x, weight, eps)
-    kernels = backend("x", x, weight=weight)
+    kernels = backend("x weight", x, weight)
     y, _, _, rstd = kernels.forward(x, weight, None, eps, centered=False, with_rstd=True)
     return y, rstd
 
@@ -32,6 +32,6 @@ def rms_norm_backward(dy, x, rstd, weight=None):
     _checks.like("dy", dy, x)
     _checks.stats("rstd", rstd, x.shape[:-1])
     _checks.param("weight", weight, D, x.dtype)
-    kernels = backend("x", x, dy=dy, rstd=rstd, weight=weight)
+    kernels = backend("x dy rstd weight", x, dy, rstd, weight)
     dx, dweight, _ = kernels.backward(dy, x, None, rstd, weight, centered=False)
     return dx, dweight
