@@ -276,3 +276,31 @@ def test_gradients_round_once_to_bfloat16(rng):
     special = _kernels.round_once(np.array([np.nan, np.inf, -np.inf, 1e39, -0.0]), bf16)
     assert np.isnan(special[0]) and list(special[1:4]) == [np.inf, -np.inf, np.inf]
     assert np.signbit(special[4])
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_nan_payloads_are_the_same_on_every_path(dtype):
+    # Every NaN bit pattern, through the fused add's z (rounded to the input
+    # dtype inside the sweeps) and through a strided out= (the row
+    # conversions): the same bytes whichever conversion code runs.
+    bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    with np.errstate(invalid="ignore"):
+        nans = bits[np.isnan(bits.view(dtype).astype(np.float32))]
+    x = np.ones((nans.size // 32 + 1) * 32, np.uint16)
+    x[:nans.size] = nans
+    x = x.view(dtype).reshape(-1, 32)
+    got = []
+    for path in ("best", "avx2", "portable"):
+        _cpu.half_paths(path)
+        try:
+            z = lnfast.add_layer_norm_forward(x, np.zeros_like(x))[1]
+            strided = np.zeros((x.shape[0], 64), dtype)[:, ::2]
+            lnfast.layer_norm(x, out=strided)
+            got += [z.view(np.uint16), np.ascontiguousarray(strided).view(np.uint16),
+                    lnfast.layer_norm(x).view(np.uint16)]
+        finally:
+            _cpu.half_paths("best")
+    assert all(np.array_equal(g, got[0]) for g in got[::3])
+    assert all(np.array_equal(g, got[1]) for g in got[1::3] + got[2::3])
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(got[0].view(dtype).astype(np.float32).ravel()[:nans.size]).all()

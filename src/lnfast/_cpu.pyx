@@ -512,6 +512,7 @@ cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_
     cdef double sn[3]
     cdef real k[3]
     cdef bint res = a.has_res
+    sn[0] = sn[1] = sn[2] = 0.0     # (the last row has no next row to sum)
     row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r0), row_or_null(&a.res, r0, r1, res),
              row_or_null(&a.z, r0, r1, res), s, D, a.centered)
     for r in range(r0, r1):
@@ -601,6 +602,8 @@ cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
     cdef double s[3]
     cdef real k[5]
     cdef bint c = a.centered
+    if r0 >= r1:
+        return
     row_grad_pipe(st, NULL, NULL, NULL, NULL, NULL, NULL, NULL, row_ptr(&a.x, r0),
                   row_ptr(&a.dy, r0), mean[r0] if c else 0, s, w, D)
     for r in range(r0, r1):

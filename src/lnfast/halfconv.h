@@ -1,6 +1,7 @@
 /* float16 and bfloat16 rows to and from float32, exact when widening and
  * rounded to nearest even when narrowing (overflow to infinity, subnormals
- * kept, NaN stays NaN).
+ * kept, NaN stays NaN: quieted, its payload truncated, as the F16C
+ * instructions do, so every path gives the same bits).
  *
  * The portable versions use integer operations only, so they vectorize at
  * every SIMD level (and LNF_DISPATCH compiles them for AVX2 and AVX-512).
@@ -51,7 +52,7 @@ static inline uint16_t lnf_f32_to_f16(float v)
     uint32_t f = lnf_bits(v), sign = f & 0x80000000u, o;
     f ^= sign;
     if (f >= f16_overflow)                        /* Inf, NaN or too large */
-        o = f > 0x7f800000u ? 0x7e00u : 0x7c00u;
+        o = f > 0x7f800000u ? 0x7e00u | (f >> 13 & 0x3ffu) : 0x7c00u;
     else if (f < (113u << 23))                    /* subnormal or zero result */
         o = lnf_bits(lnf_float(f) + lnf_float(denorm_magic)) - denorm_magic;
     else                                          /* normal: round the 13 dropped bits */
@@ -109,7 +110,7 @@ static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_f16(lnf_vf v)
     const uint32_t denorm_magic = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
     lnf_vu32 f = (lnf_vu32)v, sign = f & 0x80000000u;
     f ^= sign;
-    lnf_vu32 big = 0x7c00u | ((lnf_vu32)(f > 0x7f800000u) & 0x0200u);
+    lnf_vu32 big = 0x7c00u | ((lnf_vu32)(f > 0x7f800000u) & (0x0200u | (f >> 13 & 0x3ffu)));
     lnf_vu32 small = (lnf_vu32)((lnf_vf)f + (lnf_vf)LNF_VSPLAT(denorm_magic)) - denorm_magic;
     lnf_vu32 normal = (f + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
     lnf_vu32 o = LNF_VSELECT((lnf_vu32)(f >= f16_overflow), big,
