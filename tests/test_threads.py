@@ -2,6 +2,7 @@
 bitwise identical whatever the thread count."""
 import threading
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -60,12 +61,13 @@ def all_results(x, w, b, dy):
             ry, rrstd, lnfast.rms_norm(x, w), *lnfast.rms_norm_backward(dy, x, rrstd, w))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("shape", [(2000, 64), (300, 1000), (7, 5000)])
 def test_bitwise_identical_for_any_thread_count(rng, dtype, shape):
     x = rng.standard_normal(shape).astype(dtype)
-    w = rng.standard_normal(shape[-1]).astype(dtype)
-    b = rng.standard_normal(shape[-1]).astype(dtype)
+    wdtype = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
+    w = rng.standard_normal(shape[-1]).astype(wdtype)
+    b = rng.standard_normal(shape[-1]).astype(wdtype)
     dy = rng.standard_normal(shape).astype(dtype)
     lnfast.set_num_threads(1)
     want = all_results(x, w, b, dy)

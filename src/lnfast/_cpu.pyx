@@ -112,14 +112,15 @@ def convert(cnp.ndarray src, cnp.ndarray dst):
 
 
 def round_to_bfloat16(cnp.ndarray a):
-    """float64 1-D `a` rounded once to bfloat16 bits (uint16): to float32
-    toward zero with the last bit set when inexact ("round to odd"), then to
-    nearest even; a plain float64 -> float32 -> bfloat16 cast rounds twice."""
+    """Contiguous float64 `a` rounded once to bfloat16 bits (uint16, a's
+    shape): to float32 toward zero with the last bit set when inexact
+    ("round to odd"), then to nearest even; a plain float64 -> float32 ->
+    bfloat16 cast rounds twice."""
     cdef cnp.npy_intp i, n = cnp.PyArray_SIZE(a)
-    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or cnp.PyArray_NDIM(a) != 1 \
-            or not cnp.PyArray_IS_C_CONTIGUOUS(a):
-        raise TypeError("a must be a contiguous 1-D float64 array")
-    cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT16, 0)
+    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise TypeError("a must be a C-contiguous float64 array")
+    cdef cnp.ndarray out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a),
+                                             cnp.NPY_UINT16, 0)
     cdef const double* v = <const double*>cnp.PyArray_DATA(a)
     cdef uint16_t* o = <uint16_t*>cnp.PyArray_DATA(out)
     cdef float f

@@ -9,7 +9,7 @@ import numpy as np
 
 from lnfast import _checks, _cpu
 from lnfast._checks import compute_dtype
-from lnfast._threads import threads_for
+from lnfast._threads import PARALLEL_MIN_ELEMENTS_BACKWARD, threads_for
 
 # The kernels address at most this many (non-mergeable) leading axes; deeper
 # arrays are reshaped to 2-D first.
@@ -170,6 +170,7 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
         _kernel_view(dy), _kernel_view(x), _kernel_view(dz),
         _rows(mean, compute, M) if centered else None, _rows(rstd, compute, M),
         _vector(weight, 1.0, D, compute), dx, nchunks, centered,
-        min(threads_for(x.size), nchunks),
+        min(threads_for(x.size, PARALLEL_MIN_ELEMENTS_BACKWARD), nchunks),
     )
-    return dx, round_once(dwdb[0], grad_dtype), round_once(dwdb[1], grad_dtype)
+    dwdb = round_once(dwdb, grad_dtype)
+    return dx, dwdb[0], dwdb[1]
