@@ -1,11 +1,13 @@
 /* Row sweeps of the CPU kernels: the inner loops.
  *
  * This file is a template: rowops_all.h includes it once per element type,
- * with LNF_T (float or double), LNF_S (its storage type), LNF_SUFFIX,
- * LNF_ATTR (the function attributes) and LNF_NV (64-byte vectors per
- * LNF_LANES elements) defined; for 16-bit storage (LNF_STORAGE16 1), also
- * its conversions LNF_TO_F32, LNF_FROM_F32 (one value) and LNF_VWIDEN,
- * LNF_VNARROW (16 values).  The Cython drivers in _cpu.pyx
+ * with LNF_T (float or double), LNF_S (its storage type), LNF_NV (64-byte
+ * vectors per LNF_LANES elements) and LNF_STORAGE16 (0, or 1 for 16-bit
+ * storage, with its conversions LNF_TO_F32 and LNF_FROM_F32 for one value)
+ * defined for a family of instances, and for each instance LNF_SUFFIX,
+ * LNF_ATTR (the function attributes) and, for 16-bit storage, LNF_VWIDEN
+ * and LNF_VNARROW (16 values); the instance's four are undefined at the
+ * end.  The Cython drivers in _cpu.pyx
  * call one sweep per row: lnf_row_pipe (forward) and lnf_row_grad_pipe
  * (backward), each the map of one row together with the sums of the next.
  *
@@ -412,3 +414,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_FN
 #undef LNF_CAT
 #undef LNF_CAT_
+#undef LNF_SUFFIX
+#undef LNF_ATTR
+#undef LNF_VWIDEN
+#undef LNF_VNARROW

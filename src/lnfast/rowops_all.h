@@ -103,20 +103,19 @@ static inline const char *lnf_simd_runtime(void)
  * built for AVX-512 and AVX2 with the conversion instructions (F16C for
  * float16), which target_clones cannot pick (F16C is not part of "avx2"),
  * and chosen at run time below. */
-#define LNF_ATTR LNF_DISPATCH
 #define LNF_T float
-#define LNF_S float
-#define LNF_SUFFIX f32
 #define LNF_NV 1        /* 64-byte vectors per LNF_LANES elements */
+#define LNF_S float
 #define LNF_STORAGE16 0
+#define LNF_ATTR LNF_DISPATCH
+#define LNF_SUFFIX f32
 #include "rowops.h"
 #undef LNF_S
-#undef LNF_SUFFIX
 #undef LNF_STORAGE16
-#undef LNF_ATTR
 
 #define LNF_S uint16_t
 #define LNF_STORAGE16 1
+#define LNF_X86_SWEEPS (LNF_HAVE_DISPATCH && LNF_VECTOR)
 
 #define LNF_TO_F32 lnf_f16_to_f32
 #define LNF_FROM_F32 lnf_f32_to_f16
@@ -125,30 +124,17 @@ static inline const char *lnf_simd_runtime(void)
 #define LNF_VWIDEN lnf_vwiden_f16
 #define LNF_VNARROW lnf_vnarrow_f16
 #include "rowops.h"
-#undef LNF_ATTR
-#undef LNF_SUFFIX
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
-#define LNF_X86_SWEEPS (LNF_HAVE_DISPATCH && LNF_VECTOR)
 #if LNF_X86_SWEEPS
 #define LNF_ATTR __attribute__((target("avx512f,f16c")))
 #define LNF_SUFFIX f16x512
 #define LNF_VWIDEN lnf_vwiden_f16c512
 #define LNF_VNARROW lnf_vnarrow_f16c512
 #include "rowops.h"
-#undef LNF_ATTR
-#undef LNF_SUFFIX
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
 #define LNF_ATTR __attribute__((target("avx2,f16c")))
 #define LNF_SUFFIX f16x256
 #define LNF_VWIDEN lnf_vwiden_f16c256
 #define LNF_VNARROW lnf_vnarrow_f16c256
 #include "rowops.h"
-#undef LNF_ATTR
-#undef LNF_SUFFIX
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
 #endif
 #undef LNF_TO_F32
 #undef LNF_FROM_F32
@@ -160,49 +146,35 @@ static inline const char *lnf_simd_runtime(void)
 #define LNF_VWIDEN lnf_vwiden_bf16
 #define LNF_VNARROW lnf_vnarrow_bf16
 #include "rowops.h"
-#undef LNF_ATTR
-#undef LNF_SUFFIX
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
 #if LNF_X86_SWEEPS
 #define LNF_ATTR __attribute__((target("avx512f")))
 #define LNF_SUFFIX bf16x512
 #define LNF_VWIDEN lnf_vwiden_bf16x512
 #define LNF_VNARROW lnf_vnarrow_bf16x512
 #include "rowops.h"
-#undef LNF_ATTR
-#undef LNF_SUFFIX
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
 #define LNF_ATTR __attribute__((target("avx2")))
 #define LNF_SUFFIX bf16x256
 #define LNF_VWIDEN lnf_vwiden_bf16x256
 #define LNF_VNARROW lnf_vnarrow_bf16x256
 #include "rowops.h"
-#undef LNF_ATTR
-#undef LNF_SUFFIX
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
 #endif
 #undef LNF_TO_F32
 #undef LNF_FROM_F32
 #undef LNF_T
-#undef LNF_S
 #undef LNF_NV
+#undef LNF_S
 #undef LNF_STORAGE16
 
-#define LNF_ATTR LNF_DISPATCH
 #define LNF_T double
-#define LNF_S double
-#define LNF_SUFFIX f64
 #define LNF_NV 2
+#define LNF_S double
 #define LNF_STORAGE16 0
+#define LNF_ATTR LNF_DISPATCH
+#define LNF_SUFFIX f64
 #include "rowops.h"
-#undef LNF_ATTR
 #undef LNF_T
-#undef LNF_S
-#undef LNF_SUFFIX
 #undef LNF_NV
+#undef LNF_S
 #undef LNF_STORAGE16
 
 /* The 16-bit sweeps in use: AVX-512 or AVX2 builds where the CPU has them
