@@ -29,17 +29,14 @@
 #define LNF_LINE ((ptrdiff_t)(64 / sizeof(LNF_T)))
 
 /* Row data (x, y, z, dy, dz, dx) is stored as LNF_S: LNF_GET/LNF_PUT read
- * and write one element in LNF_T, LNF_ROUND1 rounds a value to the storage
- * type and back (the fused add's z).  16-bit rows convert exactly when
- * read and round to nearest even, once, when written. */
+ * and write one element in LNF_T.  16-bit rows convert exactly when read
+ * and round to nearest even, once, when written. */
 #if !LNF_STORAGE16
 #define LNF_GET(p, i) ((p)[i])
 #define LNF_PUT(p, i, v) ((p)[i] = (v))
-#define LNF_ROUND1(v) (v)
 #else
 #define LNF_GET(p, i) LNF_TO_F32((p)[i])
 #define LNF_PUT(p, i, v) ((p)[i] = LNF_FROM_F32(v))
-#define LNF_ROUND1(v) LNF_TO_F32(LNF_FROM_F32(v))
 #endif
 
 #if LNF_VECTOR
@@ -51,7 +48,9 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_LOAD(p) ({ LNF_VT v_; memcpy(&v_, (p), sizeof v_); v_; })
 #define LNF_STORE(p, v) do { LNF_VT s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
 #define LNF_SPLAT(s) ((LNF_T)(s) - (LNF_VT){0})
-/* Vectors of row data, as LNF_GET/LNF_PUT/LNF_ROUND1 above. */
+/* Vectors of row data, as LNF_GET/LNF_PUT above; LNF_ROUND rounds to the
+ * storage type and back (the fused add's z, which the sums must see as
+ * stored). */
 #if !LNF_STORAGE16
 #define LNF_LOADS(p) LNF_LOAD(p)
 #define LNF_STORES(p, v) LNF_STORE(p, v)
@@ -399,7 +398,6 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_ROUND
 #undef LNF_GET
 #undef LNF_PUT
-#undef LNF_ROUND1
 #undef LNF_LOAD
 #undef LNF_STORE
 #undef LNF_SPLAT
