@@ -37,6 +37,12 @@ def test_bench_prints_a_table_and_writes_json(tmp_path):
     impls = {(r["function"], r["impl"]) for r in data["results"]}
     assert ("layer_norm forward", "numpy") in impls
     assert all(r["ms"] > 0 and r["gbs"] > 0 for r in data["results"])
+    # the copy moving a kernel's bytes: that of x for a forward pass (2 arrays)
+    assert "%same" in p.stdout
+    for r in data["results"]:
+        assert r["same_copy_gbs"] > 0
+        if r["function"] == "layer_norm forward":
+            assert r["same_copy_gbs"] == r["copy_gbs"]
 
 
 def test_bench_rejects_a_bad_shape():

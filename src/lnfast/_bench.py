@@ -3,7 +3,10 @@ installed, and the machine's own copy bandwidth, measured side by side.
 
 Effective bandwidth counts the bytes a perfect kernel must move: forward reads
 x and writes y; backward reads x and dy and writes dx.  Copy bandwidth is a
-parallel memcpy of the same arrays on the same threads, read plus write.
+parallel memcpy of x on the same threads, read plus write ("% copy"); a
+second copy moves as many bytes as the kernel must ("% same"), so that both
+touch the same amount of memory: a kernel touching three or four arrays may
+spill from a cache that holds a copy of x.
 """
 import json
 import platform
@@ -70,6 +73,14 @@ def _median_seconds(fn, repeat, budget):
             fn()
         times.append((time.perf_counter() - t0) / batch)
     return float(np.median(times))
+
+
+def _copy_gbs(x, traffic, threads, repeat, budget):
+    """GB/s of a parallel copy moving `traffic` times x.nbytes, read plus write."""
+    src = x if traffic == 2 else np.ones(traffic * x.nbytes // 2, np.uint8)
+    dst = np.empty_like(src)
+    sec = _median_seconds(lambda: _cpu.parallel_copy(src, dst, threads), repeat, budget)
+    return 2 * src.nbytes / sec / 1e9
 
 
 def _peak_bytes(fn):
@@ -211,10 +222,8 @@ def run(args):
         dt = DTYPES[dtype]
         x, dy, r = (rng.standard_normal((M, D), np.float32).astype(dt) for _ in range(3))
         w, b = (rng.standard_normal(D, np.float32).astype(dt) for _ in range(2))
-        dst = np.empty_like(x)
-        copy_s = _median_seconds(lambda: _cpu.parallel_copy(x, dst, threads), repeat, budget)
-        del dst
-        copy_gbs = 2 * x.nbytes / copy_s / 1e9
+        copy_gbs = {k: _copy_gbs(x, k, threads, repeat, budget)
+                    for k in sorted(set(TRAFFIC.values()))}
         for (func, impl), fn in _cases(torch, x, r, w, b, dy, not args.no_numpy).items():
             if args.functions and func.split()[0] not in args.functions:
                 continue
@@ -223,7 +232,7 @@ def run(args):
             results.append({
                 "function": func, "impl": impl, "dtype": dtype,
                 "M": M, "D": D, "ms": sec * 1e3, "gbs": nbytes / sec / 1e9,
-                "copy_gbs": copy_gbs,
+                "copy_gbs": copy_gbs[2], "same_copy_gbs": copy_gbs[TRAFFIC[func]],
                 "peak_mib": _peak_bytes(fn) / 2**20 if impl == "lnfast" else None,
             })
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
@@ -267,19 +276,20 @@ def _print_tables(results, threads, torch):
     for func, dtype, others, shapes in table_groups(results):
         print(f"\n{func}, {dtype}  (median ms; GB/s = bytes a perfect kernel moves / time)")
         head = (f"{'shape':>11} {'copy GB/s':>9} | {'lnfast ms':>9} {'GB/s':>6} "
-                f"{'%copy':>5} {'peak MiB':>8}")
+                f"{'%copy':>5} {'%same':>5} {'peak MiB':>8}")
         head += "".join(f" | {o + ' ms':>10} {'x':>6}" for o in others)
         print(head)
         print("-" * len(head))
         for shape, me, by in shapes:
             line = (f"{'%dx%d' % shape:>11} {me['copy_gbs']:9.1f} | {me['ms']:9.4f} "
                     f"{me['gbs']:6.1f} {100 * me['gbs'] / me['copy_gbs']:5.0f} "
-                    f"{me['peak_mib']:8.1f}")
+                    f"{100 * me['gbs'] / me['same_copy_gbs']:5.0f} {me['peak_mib']:8.1f}")
             for o in others:
                 if o in by:
                     line += f" | {by[o]['ms']:10.4f} {by[o]['ms'] / me['ms']:5.1f}x"
             print(line)
-    print("\nx = that implementation's time / lnfast's time (above 1: lnfast is faster)")
+    print("\n%copy: of a copy of x; %same: of a copy moving the bytes the kernel moves"
+          "\nx = that implementation's time / lnfast's time (above 1: lnfast is faster)")
 
 
 def _plot(results, impls, path):

@@ -24,6 +24,8 @@ def is_cupy(a):
 
 
 def array(name, a):
+    if type(a) is np.ndarray:           # the common case, decided quickly
+        return a
     if not (isinstance(a, np.ndarray) or is_cupy(a)):
         raise TypeError(
             f"{name} must be a numpy.ndarray or cupy.ndarray, got {type(a).__name__}")

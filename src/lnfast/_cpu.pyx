@@ -646,22 +646,26 @@ cdef enum:
     SUM_BLOCK = 512     # columns of the partials one thread adds up at a time
 
 
-cdef inline void sum_partials(const double* part, Py_ssize_t nchunks,
-                              Py_ssize_t width, Py_ssize_t j0, Py_ssize_t j1,
-                              double* out) noexcept nogil:
-    """out[j] = sum of part[c, j] over chunks c = 0, 1, ... in that order,
-    for j0 <= j < j1 (chunk-outer, so the inner loop is contiguous)."""
+cdef inline void sum_partials(double* part, Py_ssize_t nchunks, Py_ssize_t width,
+                              Py_ssize_t j0, Py_ssize_t j1, void* out,
+                              bint single) noexcept nogil:
+    """out[j] = the sum of part[c, j] over chunks c = 0, 1, ... in that order
+    (formed in part[0, j]), for j0 <= j < j1, rounded to float32 when
+    `single`: chunk-outer, so the inner loops are contiguous."""
     cdef Py_ssize_t c, j
-    for j in range(j0, j1):
-        out[j] = part[j]
     for c in range(1, nchunks):
         for j in range(j0, j1):
-            out[j] += part[c * width + j]
+            part[j] += part[c * width + j]
+    if single:
+        for j in range(j0, j1):
+            (<float*>out)[j] = <float>part[j]
+    else:
+        memcpy(<double*>out + j0, part + j0, (j1 - j0) * sizeof(double))
 
 
 cdef void backward_rows(const Rows* a, const real* w, const real* mean,
                         const real* rstd, Py_ssize_t nchunks, double* partials,
-                        double* dwdb, real* scratch) noexcept:
+                        void* dwdb, bint single, real* scratch) noexcept:
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible."""
@@ -682,7 +686,7 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
     for k in prange(nblocks, nogil=True, schedule='static', num_threads=a.nthreads,
                     use_threads_if=a.nthreads > 1 and nblocks * nchunks > 256):
         sum_partials(partials, nchunks, 2 * D, k * SUM_BLOCK,
-                     min((k + 1) * SUM_BLOCK, 2 * D), dwdb)
+                     min((k + 1) * SUM_BLOCK, 2 * D), dwdb, single)
 
 
 # ---------------------------------------------------------------------------
@@ -747,16 +751,18 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
 
 def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
              cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx, Py_ssize_t nchunks,
-             bint centered, int nthreads):
-    """dx (plus dz when not None) into `dx`; returns the float64 array
-    [dweight, dbias] of shape (2, D).  mean is ignored when not centered.
-    The compute type is w's, as in forward()."""
+             bint centered, int nthreads, bint single=False):
+    """dx (plus dz when not None) into `dx`; returns [dweight, dbias] of
+    shape (2, D), summed in float64 and returned in float64, or rounded to
+    float32 when `single`.  mean is ignored when not centered.  The compute
+    type is w's, as in forward()."""
     cdef Rows a
     cdef cnp.npy_intp shape[2]
     rows_init(&a, x, 0.0, centered, nthreads)
     shape[0] = 2
     shape[1] = a.D
-    cdef cnp.ndarray dwdb = cnp.PyArray_ZEROS(2, shape, cnp.NPY_FLOAT64, 0)
+    cdef cnp.ndarray dwdb = cnp.PyArray_ZEROS(2, shape, cnp.NPY_FLOAT32 if single
+                                              else cnp.NPY_FLOAT64, 0)
     if a.M == 0:
         return dwdb
     rowmap_init(&a.dy, dy)
@@ -771,12 +777,12 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks,
                              <double*>cnp.PyArray_DATA(partials),
-                             <double*>cnp.PyArray_DATA(dwdb), <float*>data_or_null(scratch))
+                             cnp.PyArray_DATA(dwdb), single, <float*>data_or_null(scratch))
     else:
         backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
                               <double*>cnp.PyArray_DATA(rstd), nchunks,
                               <double*>cnp.PyArray_DATA(partials),
-                              <double*>cnp.PyArray_DATA(dwdb), <double*>data_or_null(scratch))
+                              cnp.PyArray_DATA(dwdb), single, <double*>data_or_null(scratch))
     return dwdb
 
 

@@ -19,7 +19,7 @@ _MAX_LEAD = 32
 # row order, and at most this many bytes of float64 partials.  The chunk grid
 # depends on the shape only, never on the thread count.
 _MAX_CHUNKS = 64
-_MIN_ROWS_PER_CHUNK = 16
+_MIN_ROWS_PER_CHUNK = 64
 _PARTIALS_BYTES = 16 << 20
 
 
@@ -81,9 +81,12 @@ def _vector(p, value, D, dtype):
     return _aligned(np.ascontiguousarray(p, dtype=dtype))
 
 
-def _rows(a, dtype, M):
-    """mean or rstd as an aligned contiguous vector of the compute dtype."""
-    return _aligned(np.ascontiguousarray(a, dtype=dtype).reshape(M))
+def _rows(a, dtype):
+    """mean or rstd as aligned contiguous data of the compute dtype (the
+    kernels read its M values in order; the shape does not matter)."""
+    if not (a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned):
+        a = _aligned(np.ascontiguousarray(a, dtype=dtype))
+    return a
 
 
 def _kernel_view(a):
@@ -119,9 +122,14 @@ def _writes_safely(o, x, others):
 def round_once(a, dtype):
     """float64 `a` rounded once to `dtype` (bfloat16: ml_dtypes converts
     float64 through float32, two roundings; _cpu.round_to_bfloat16 does not)."""
+    if dtype == a.dtype:
+        return a
     if dtype != _checks.HALF_DTYPES[1]:
         return a.astype(dtype)
     return _cpu.round_to_bfloat16(np.ascontiguousarray(a, np.float64)).view(dtype)
+
+
+_FLOAT32 = np.dtype(np.float32)
 
 
 def num_chunks(M, D):
@@ -168,9 +176,10 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
     nchunks = num_chunks(M, D)
     dwdb = _cpu.backward(
         _kernel_view(dy), _kernel_view(x), _kernel_view(dz),
-        _rows(mean, compute, M) if centered else None, _rows(rstd, compute, M),
+        _rows(mean, compute) if centered else None, _rows(rstd, compute),
         _vector(weight, 1.0, D, compute), dx, nchunks, centered,
         min(threads_for(x.size, PARALLEL_MIN_ELEMENTS_BACKWARD), nchunks),
+        grad_dtype == _FLOAT32,     # (rounded once, in the kernel)
     )
     dwdb = round_once(dwdb, grad_dtype)
     return dx, dwdb[0], dwdb[1]
