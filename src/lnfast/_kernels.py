@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from lnfast import _checks, _cpu
-from lnfast._checks import compute_dtype
+from lnfast._checks import _FLOAT32, compute_dtype
 from lnfast._threads import PARALLEL_MIN_ELEMENTS_BACKWARD, threads_for
 
 # The kernels address at most this many (non-mergeable) leading axes; deeper
@@ -121,15 +121,13 @@ def _writes_safely(o, x, others):
 
 def round_once(a, dtype):
     """float64 `a` rounded once to `dtype` (bfloat16: ml_dtypes converts
-    float64 through float32, two roundings; _cpu.round_to_bfloat16 does not)."""
+    float64 through float32, two roundings; _cpu.round_to_bfloat16 does not);
+    `a` itself when already of `dtype`."""
     if dtype == a.dtype:
         return a
     if dtype != _checks.HALF_DTYPES[1]:
         return a.astype(dtype)
     return _cpu.round_to_bfloat16(np.ascontiguousarray(a, np.float64)).view(dtype)
-
-
-_FLOAT32 = np.dtype(np.float32)
 
 
 def num_chunks(M, D):
