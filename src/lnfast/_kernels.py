@@ -130,6 +130,7 @@ def round_once(a, dtype):
     return _cpu.round_to_bfloat16(np.ascontiguousarray(a, np.float64)).view(dtype)
 
 
+@functools.lru_cache(maxsize=256)     # (0.35 us of Python arithmetic otherwise)
 def num_chunks(M, D):
     """How many fixed row chunks the backward pass sums dweight/dbias over."""
     by_rows = -(-M // _MIN_ROWS_PER_CHUNK)
@@ -179,5 +180,6 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
         min(threads_for(x.size, PARALLEL_MIN_ELEMENTS_BACKWARD), nchunks),
         grad_dtype == _FLOAT32,     # (rounded once, in the kernel)
     )
-    dwdb = round_once(dwdb, grad_dtype)
+    if dwdb.dtype != grad_dtype:
+        dwdb = round_once(dwdb, grad_dtype)
     return dx, dwdb[0], dwdb[1]
