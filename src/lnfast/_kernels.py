@@ -121,10 +121,7 @@ def _writes_safely(o, x, others):
 
 def round_once(a, dtype):
     """float64 `a` rounded once to `dtype` (bfloat16: ml_dtypes converts
-    float64 through float32, two roundings; _cpu.round_to_bfloat16 does not);
-    `a` itself when already of `dtype`."""
-    if dtype == a.dtype:
-        return a
+    float64 through float32, two roundings; _cpu.round_to_bfloat16 does not)."""
     if dtype != _checks.HALF_DTYPES[1]:
         return a.astype(dtype)
     return _cpu.round_to_bfloat16(np.ascontiguousarray(a, np.float64)).view(dtype)
