@@ -7,6 +7,7 @@ Environment switches:
   LNFAST_NATIVE = 1
       opt in to -march=native (LNFAST_NATIVE only: wheels must run on any CPU).
 """
+import glob
 import os
 import sys
 import tempfile
@@ -90,6 +91,8 @@ extensions = [
         "lnfast._cpu",
         ["src/lnfast/_cpu.pyx"],
         include_dirs=[numpy.get_include()],
+        # the C kernels: an edit to one rebuilds the module
+        depends=glob.glob("src/lnfast/*.h"),
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
 ]

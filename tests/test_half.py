@@ -12,6 +12,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 HALVES = [F16, BF16]
 UNIT_ROUNDOFF = {F16: 2.0**-11, BF16: 2.0**-8}
+# the 16-bit conversion code, best first (_cpu.half_paths)
+PATHS = ["best", "avx512", "avx2", "portable"]
 
 
 def ids(dt):
@@ -20,7 +22,7 @@ def ids(dt):
 
 # --- the row conversions ------------------------------------------------------
 
-@pytest.fixture(params=["best", "avx2", "portable"])
+@pytest.fixture(params=PATHS)
 def conversion_path(request):
     _cpu.half_paths(request.param)
     yield request.param
@@ -82,6 +84,21 @@ def test_sweeps_convert_like_numpy(rng, dtype, conversion_path):
             _, z, _, _ = lnfast.add_layer_norm_forward(xs, rs)
             want = (xs.astype(np.float32) + rs.astype(np.float32)).astype(dtype)
         assert np.array_equal(z.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_sweeps_round_like_numpy(rng, dtype, conversion_path):
+    # RMSNorm of a row of ones with eps = 0 has rstd = 1, so y = 1 * 1 * w:
+    # float32 weights reach the sweeps' narrowing unchanged.  Every exponent,
+    # ties of both types, float32 subnormals (which AVX512-BF16 flushes and
+    # the sweep must not), overflow: NumPy's cast, bit for bit.
+    w = special_floats(rng)
+    w = w[: w.size // 64 * 64].reshape(-1, 64)
+    ones = np.ones((1, 64), dtype)
+    got = np.concatenate([lnfast.rms_norm(ones, row, eps=0.0) for row in w])
+    with np.errstate(over="ignore"):
+        want = w.astype(dtype)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)
@@ -290,7 +307,7 @@ def test_nan_payloads_are_the_same_on_every_path(dtype):
     x[:nans.size] = nans
     x = x.view(dtype).reshape(-1, 32)
     got = []
-    for path in ("best", "avx2", "portable"):
+    for path in PATHS:
         _cpu.half_paths(path)
         try:
             z = lnfast.add_layer_norm_forward(x, np.zeros_like(x))[1]

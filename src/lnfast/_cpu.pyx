@@ -137,11 +137,12 @@ def round_to_bfloat16(cnp.ndarray a):
 
 
 def half_paths(str path):
-    """Which 16-bit conversion code runs: "best" (AVX-512, else AVX2, with
-    F16C for float16, where the CPU has them), "avx2" (no AVX-512) or
+    """Which 16-bit conversion code runs: "best" (AVX-512 with its BF16
+    instructions, else AVX-512, else AVX2, with F16C for float16, where the
+    CPU has them), "avx512" (no BF16 instructions), "avx2" (no AVX-512) or
     "portable".  Returns whether the CPU has F16C.  For tests."""
     global lnf_half_path
-    lnf_half_path = {"best": 0, "avx2": 1, "portable": 2}[path]
+    lnf_half_path = {"best": 0, "avx512": 1, "avx2": 2, "portable": 3}[path]
     return bool(lnf_has_f16c())
 
 

@@ -47,7 +47,14 @@ typedef uint16_t lnf_vu16 __attribute__((vector_size(32)));   /* 16 float16/bflo
     && !defined(LNFAST_NO_DISPATCH) && (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 8)
 #define LNF_DISPATCH __attribute__((target_clones("avx512f", "avx2", "default")))
 #define LNF_HAVE_DISPATCH 1
+/* The AVX512-BF16 conversion instruction (GCC 10, clang 9 and later). */
+#if LNF_VECTOR && (defined(__clang__) || __GNUC__ >= 10)
+#define LNF_BF16_SWEEPS 1
 #else
+#define LNF_BF16_SWEEPS 0
+#endif
+#else
+#define LNF_BF16_SWEEPS 0
 #define LNF_DISPATCH
 #define LNF_HAVE_DISPATCH 0
 #endif
@@ -152,6 +159,13 @@ static inline const char *lnf_simd_runtime(void)
 #define LNF_VWIDEN lnf_vwiden_bf16x512
 #define LNF_VNARROW lnf_vnarrow_bf16x512
 #include "rowops.h"
+#if LNF_BF16_SWEEPS
+#define LNF_ATTR __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16")))
+#define LNF_SUFFIX bf16b512
+#define LNF_VWIDEN lnf_vwiden_bf16b512
+#define LNF_VNARROW lnf_vnarrow_bf16b512
+#include "rowops.h"
+#endif
 #define LNF_ATTR __attribute__((target("avx2")))
 #define LNF_SUFFIX bf16x256
 #define LNF_VWIDEN lnf_vwiden_bf16x256
@@ -177,15 +191,15 @@ static inline const char *lnf_simd_runtime(void)
 #undef LNF_S
 #undef LNF_STORAGE16
 
-/* The 16-bit sweeps in use: AVX-512 or AVX2 builds where the CPU has them
- * (and F16C for float16), unless tests asked for less (lnf_half_path);
- * all give the same bits. */
+/* The 16-bit sweeps in use: AVX-512 (with its BF16 instructions for
+ * bfloat16) or AVX2 builds where the CPU has them (and F16C for float16),
+ * unless tests asked for less (lnf_half_path); all give the same bits. */
 #if LNF_X86_SWEEPS
 #define LNF_PICK(name, kind, f16c, ...)                                      \
     do {                                                                     \
-        if (lnf_half_path < 2 && (!(f16c) || lnf_has_f16c())) {            \
-            if (lnf_half_path < 1 && __builtin_cpu_supports("avx512f")) {    \
-                name##_##kind##x512(__VA_ARGS__);                            \
+        if (lnf_half_path < 3 && (!(f16c) || lnf_has_f16c())) {            \
+            if (lnf_half_path < 2 && __builtin_cpu_supports("avx512f")) {    \
+                LNF_BEST512_##kind(name, __VA_ARGS__);                       \
                 return;                                                      \
             }                                                                \
             if (__builtin_cpu_supports("avx2")) {                            \
@@ -195,6 +209,16 @@ static inline const char *lnf_simd_runtime(void)
         }                                                                    \
         name##_##kind##p(__VA_ARGS__);                                       \
     } while (0)
+#define LNF_BEST512_f16(name, ...) name##_f16x512(__VA_ARGS__)
+#if LNF_BF16_SWEEPS
+#define LNF_BEST512_bf16(name, ...)                                              \
+    (lnf_half_path < 1 && __builtin_cpu_supports("avx512bf16")                   \
+             && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")   \
+         ? name##_bf16b512(__VA_ARGS__)                                          \
+         : name##_bf16x512(__VA_ARGS__))
+#else
+#define LNF_BEST512_bf16(name, ...) name##_bf16x512(__VA_ARGS__)
+#endif
 #else
 #define LNF_PICK(name, kind, f16c, ...) name##_##kind##p(__VA_ARGS__)
 #endif
@@ -223,5 +247,7 @@ LNF_DEFINE_PICKED_SWEEPS(f16, 1)
 LNF_DEFINE_PICKED_SWEEPS(bf16, 0)
 #undef LNF_DEFINE_PICKED_SWEEPS
 #undef LNF_PICK
+#undef LNF_BEST512_f16
+#undef LNF_BEST512_bf16
 
 #endif
