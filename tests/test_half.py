@@ -268,14 +268,15 @@ def test_bad_16bit_combinations(rng):
         lnfast.layer_norm(x, out=np.empty((2, 8), np.float32))
 
 
-def test_gradients_round_once_to_bfloat16(rng):
-    # float64 dweight/dbias -> bfloat16 in one rounding: the float64 value's
-    # own nearest bfloat16 (ties to even), never float32's nearest and then
-    # bfloat16's.
-    bf16 = np.dtype(ml_dtypes.bfloat16)
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_gradients_round_once(rng, dtype):
+    # float64 dweight/dbias -> 16 bits in one rounding: the float64 value's
+    # own nearest (ties to even), never float32's nearest and then the 16-bit
+    # type's.  Values next to every tie, in the subnormal range and past the
+    # largest finite value.
     bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
     with np.errstate(invalid="ignore"):                        # the NaN patterns
-        vals = bits.view(bf16).astype(np.float64)
+        vals = bits.view(dtype).astype(np.float64)
     keep = np.isfinite(vals) & ~((vals == 0) & (bits != 0))   # one zero
     order = np.argsort(vals[keep])
     grid, gbits = vals[keep][order], bits[keep][order]
@@ -288,11 +289,39 @@ def test_gradients_round_once_to_bfloat16(rng):
     dlo, dhi = a - grid[hi - 1], grid[hi] - a
     pick_hi = (dhi < dlo) | ((dhi == dlo) & (gbits[hi] % 2 == 0))
     want = np.where(pick_hi, grid[hi], grid[hi - 1])
-    got = _kernels.round_once(a, bf16).astype(np.float64)
+    is_bf16 = dtype == BF16
+    got = _cpu.round_to_16bit(a, is_bf16).view(dtype).astype(np.float64)
     assert np.array_equal(got, want)
-    special = _kernels.round_once(np.array([np.nan, np.inf, -np.inf, 1e39, -0.0]), bf16)
-    assert np.isnan(special[0]) and list(special[1:4]) == [np.inf, -np.inf, np.inf]
-    assert np.signbit(special[4])
+    special = _cpu.round_to_16bit(np.array([np.nan, np.inf, -np.inf, 1e39, -1e39, -0.0]),
+                                  is_bf16).view(dtype)
+    assert np.isnan(special[0])
+    assert list(special[1:5].astype(np.float64)) == [np.inf, -np.inf, np.inf, -np.inf]
+    assert np.signbit(special[5])
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("wkind", ["same", "float32"])
+def test_dweight_dbias_are_the_rounded_float64_sums(rng, dtype, wkind):
+    # dweight/dbias come back as the kernel's float64 sums (asked for with a
+    # float64 output) rounded once to the weight's dtype, bit for bit.
+    x, w, _ = make(rng, (300, 77), dtype, np.float32)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    _, mean, rstd = lnfast.layer_norm_forward(x, w)
+    wd = w.astype(dtype) if wkind == "same" else w
+    _, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd, wd)
+    dx = np.empty_like(x)
+    sums = np.empty((2, 77))
+    _cpu.backward(dy, x, None, mean, rstd, wd.astype(np.float32), dx, sums,
+                  _kernels.num_chunks(300, 77), True, 1)
+    if wkind == "same":
+        want = _cpu.round_to_16bit(sums, dtype == BF16).view(dtype)
+    else:
+        want = sums.astype(np.float32)
+    assert dw.dtype == db.dtype == wd.dtype
+    assert np.array_equal(dw.view(np.uint16 if wkind == "same" else np.uint32),
+                          want[0].view(np.uint16 if wkind == "same" else np.uint32))
+    assert np.array_equal(db.view(np.uint16 if wkind == "same" else np.uint32),
+                          want[1].view(np.uint16 if wkind == "same" else np.uint32))
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)

@@ -111,11 +111,10 @@ def convert(cnp.ndarray src, cnp.ndarray dst):
         raise TypeError("one of src, dst must be contiguous float32, the other 16-bit")
 
 
-def round_to_bfloat16(cnp.ndarray a):
-    """Contiguous float64 `a` rounded once to bfloat16 bits (uint16, a's
-    shape): to float32 toward zero with the last bit set when inexact
-    ("round to odd"), then to nearest even; a plain float64 -> float32 ->
-    bfloat16 cast rounds twice."""
+def round_to_16bit(cnp.ndarray a, bint bfloat16):
+    """Contiguous float64 `a` rounded once to float16 or bfloat16 bits
+    (uint16, a's shape), as the backward pass rounds 16-bit dweight/dbias.
+    For tests."""
     cdef cnp.npy_intp i, n = cnp.PyArray_SIZE(a)
     if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a):
         raise TypeError("a must be a C-contiguous float64 array")
@@ -123,16 +122,9 @@ def round_to_bfloat16(cnp.ndarray a):
                                              cnp.NPY_UINT16, 0)
     cdef const double* v = <const double*>cnp.PyArray_DATA(a)
     cdef uint16_t* o = <uint16_t*>cnp.PyArray_DATA(out)
-    cdef float f
-    cdef uint32_t u
     for i in range(n):
-        f = <float>v[i]
-        if <double>f != v[i] and f == f:            # inexact (NaN stays as is)
-            u = lnf_bits(f)
-            if fabs(<double>f) > fabs(v[i]):
-                u -= 1                              # toward zero
-            f = lnf_float(u | 1)
-        o[i] = lnf_f32_to_bf16(f)
+        o[i] = (lnf_f32_to_bf16(lnf_f64_to_f32_odd(v[i])) if bfloat16
+                else lnf_f32_to_f16(lnf_f64_to_f32_odd(v[i])))
     return out
 
 
@@ -228,6 +220,8 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     uint32_t lnf_bits(float f)
     float lnf_float(uint32_t u)
     uint16_t lnf_f32_to_bf16(float v)
+    uint16_t lnf_f32_to_f16(float v)
+    float lnf_f64_to_f32_odd(double v)
     int lnf_has_f16c()
     # Row sweeps (rowops.h), one per storage type; f16/bf16 rows are
     # uint16_t bits computed in float32.
@@ -673,26 +667,37 @@ cdef enum:
     SUM_BLOCK = 512     # columns of the partials one thread adds up at a time
 
 
+cdef enum:
+    # dweight/dbias output types: float64 as summed, or rounded once
+    GRAD_F64, GRAD_F32, GRAD_F16, GRAD_BF16
+
+
 cdef inline void sum_partials(double* part, Py_ssize_t nchunks, Py_ssize_t width,
                               Py_ssize_t j0, Py_ssize_t j1, void* out,
-                              bint single) noexcept nogil:
+                              int kind) noexcept nogil:
     """out[j] = the sum of part[c, j] over chunks c = 0, 1, ... in that order
-    (formed in part[0, j]), for j0 <= j < j1, rounded to float32 when
-    `single`: chunk-outer, so the inner loops are contiguous."""
+    (formed in part[0, j]), for j0 <= j < j1, rounded once to the output
+    type `kind`: chunk-outer, so the inner loops are contiguous."""
     cdef Py_ssize_t c, j
     for c in range(1, nchunks):
         for j in range(j0, j1):
             part[j] += part[c * width + j]
-    if single:
+    if kind == GRAD_F64:
+        memcpy(<double*>out + j0, part + j0, (j1 - j0) * sizeof(double))
+    elif kind == GRAD_F32:
         for j in range(j0, j1):
             (<float*>out)[j] = <float>part[j]
+    elif kind == GRAD_F16:
+        for j in range(j0, j1):
+            (<uint16_t*>out)[j] = lnf_f32_to_f16(lnf_f64_to_f32_odd(part[j]))
     else:
-        memcpy(<double*>out + j0, part + j0, (j1 - j0) * sizeof(double))
+        for j in range(j0, j1):
+            (<uint16_t*>out)[j] = lnf_f32_to_bf16(lnf_f64_to_f32_odd(part[j]))
 
 
 cdef void backward_rows(const Rows* a, const real* w, const real* mean,
                         const real* rstd, Py_ssize_t nchunks, double* partials,
-                        void* dwdb, bint single, real* scratch) noexcept:
+                        void* dwdb, int kind, real* scratch) noexcept:
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible."""
@@ -714,11 +719,11 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
         return
     if a.nthreads == 1 or nblocks * nchunks <= 256:     # threads pay only when large
         with nogil:
-            sum_partials(partials, nchunks, 2 * D, 0, 2 * D, dwdb, single)
+            sum_partials(partials, nchunks, 2 * D, 0, 2 * D, dwdb, kind)
         return
     for k in prange(nblocks, nogil=True, schedule='static', num_threads=a.nthreads):
         sum_partials(partials, nchunks, 2 * D, k * SUM_BLOCK,
-                     min((k + 1) * SUM_BLOCK, 2 * D), dwdb, single)
+                     min((k + 1) * SUM_BLOCK, 2 * D), dwdb, kind)
 
 
 # ---------------------------------------------------------------------------
@@ -782,42 +787,45 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
 
 
 def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
-             cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx, Py_ssize_t nchunks,
-             bint centered, int nthreads, bint single=False):
-    """dx (plus dz when not None) into `dx`; returns [dweight, dbias] of
-    shape (2, D), summed in float64 and returned in float64, or rounded to
-    float32 when `single`.  mean is ignored when not centered.  The compute
-    type is w's, as in forward()."""
+             cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx, cnp.ndarray dwdb,
+             Py_ssize_t nchunks, bint centered, int nthreads):
+    """dx (plus dz when not None) into `dx`, and [dweight, dbias] into the
+    C-contiguous (2, D) array `dwdb`: summed in float64, then rounded once to
+    dwdb's dtype (float64, float32, float16 or bfloat16).  mean is ignored
+    when not centered.  The compute type is w's, as in forward()."""
     cdef Rows a
-    cdef cnp.npy_intp shape[2]
+    cdef cnp.npy_intp n
     rows_init(&a, x, 0.0, centered, nthreads)
-    shape[0] = 2
-    shape[1] = a.D
-    cdef int grad_type = cnp.NPY_FLOAT32 if single else cnp.NPY_FLOAT64
+    cdef int t = cnp.PyArray_TYPE(dwdb)
+    cdef int kind = (GRAD_F64 if t == cnp.NPY_FLOAT64 else GRAD_F32 if t == cnp.NPY_FLOAT32
+                     else GRAD_F16 if t == cnp.NPY_FLOAT16 else GRAD_BF16)
+    if (cnp.PyArray_SIZE(dwdb) != 2 * a.D or not cnp.PyArray_IS_C_CONTIGUOUS(dwdb)
+            or (kind == GRAD_BF16 and dwdb.dtype.name != "bfloat16")):
+        raise TypeError("dwdb must be a C-contiguous (2, D) array of float64, "
+                        "float32, float16 or bfloat16")
     if a.M == 0:
-        return cnp.PyArray_ZEROS(2, shape, grad_type, 0)
-    cdef cnp.ndarray dwdb = cnp.PyArray_EMPTY(2, shape, grad_type, 0)    # (all written)
+        memset(cnp.PyArray_DATA(dwdb), 0, cnp.PyArray_NBYTES(dwdb))
+        return
     rowmap_init(&a.dy, dy)
     rowmap_init(&a.dx, dx)
     if dz is not None:
         a.has_dz = True
         rowmap_init(&a.dz, dz)
     # One float64 chunk is summed in dwdb itself.
-    shape[0] = 2 * a.D * nchunks
-    cdef cnp.ndarray partials = (dwdb if nchunks == 1 and not single
-                                 else cnp.PyArray_EMPTY(1, shape, cnp.NPY_FLOAT64, 0))
+    n = 2 * a.D * nchunks
+    cdef cnp.ndarray partials = (dwdb if nchunks == 1 and kind == GRAD_F64
+                                 else cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0))
     scratch = row_scratch(&a, w, (x, dy, dz, dx), BACKWARD_SCRATCH)
     if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks,
                              <double*>cnp.PyArray_DATA(partials),
-                             cnp.PyArray_DATA(dwdb), single, <float*>data_or_null(scratch))
+                             cnp.PyArray_DATA(dwdb), kind, <float*>data_or_null(scratch))
     else:
         backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
                               <double*>cnp.PyArray_DATA(rstd), nchunks,
                               <double*>cnp.PyArray_DATA(partials),
-                              cnp.PyArray_DATA(dwdb), single, <double*>data_or_null(scratch))
-    return dwdb
+                              cnp.PyArray_DATA(dwdb), kind, <double*>data_or_null(scratch))
 
 
 cdef void copy_rows(const char* src, char* dst, Py_ssize_t nbytes,

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 
-from lnfast import _checks, _cpu
-from lnfast._checks import _FLOAT32, compute_dtype
+from lnfast import _cpu
+from lnfast._checks import compute_dtype
 from lnfast._threads import PARALLEL_MIN_ELEMENTS_BACKWARD, threads_for
 
 # The kernels address at most this many (non-mergeable) leading axes; deeper
@@ -78,6 +78,10 @@ def _aligned(a):
 def _vector(p, value, D, dtype):
     if p is None:
         return _constant(value, D, dtype) if D <= _CONSTANT_MAX_D else np.full(D, value, dtype)
+    if p.dtype.itemsize == 2:       # 16-bit weights: F16C, not NumPy's scalar cast
+        v = np.empty(D, dtype)
+        _cpu.convert(_aligned(p), v)
+        return v
     return _aligned(np.ascontiguousarray(p, dtype=dtype))
 
 
@@ -117,14 +121,6 @@ def _writes_safely(o, x, others):
             and o.__array_interface__["data"][0] == x.__array_interface__["data"][0]):
         return False
     return not any(a is not None and np.may_share_memory(o, a) for a in others)
-
-
-def round_once(a, dtype):
-    """float64 `a` rounded once to `dtype` (bfloat16: ml_dtypes converts
-    float64 through float32, two roundings; _cpu.round_to_bfloat16 does not)."""
-    if dtype != _checks.HALF_DTYPES[1]:
-        return a.astype(dtype)
-    return _cpu.round_to_bfloat16(np.ascontiguousarray(a, np.float64)).view(dtype)
 
 
 @functools.lru_cache(maxsize=256)     # (0.35 us of Python arithmetic otherwise)
@@ -170,13 +166,10 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
     if M == 0:
         return dx, np.zeros(D, grad_dtype), np.zeros(D, grad_dtype)
     nchunks = num_chunks(M, D)
-    dwdb = _cpu.backward(
+    dwdb = np.empty((2, D), grad_dtype)     # (summed in float64, rounded once in the kernel)
+    _cpu.backward(
         _kernel_view(dy), _kernel_view(x), _kernel_view(dz),
         _rows(mean, compute) if centered else None, _rows(rstd, compute),
-        _vector(weight, 1.0, D, compute), dx, nchunks, centered,
-        min(threads_for(x.size, PARALLEL_MIN_ELEMENTS_BACKWARD), nchunks),
-        grad_dtype == _FLOAT32,     # (rounded once, in the kernel)
-    )
-    if dwdb.dtype != grad_dtype:
-        dwdb = round_once(dwdb, grad_dtype)
+        _vector(weight, 1.0, D, compute), dx, dwdb, nchunks, centered,
+        min(threads_for(x.size, PARALLEL_MIN_ELEMENTS_BACKWARD), nchunks))
     return dx, dwdb[0], dwdb[1]

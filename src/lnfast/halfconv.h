@@ -74,6 +74,23 @@ static inline uint16_t lnf_f32_to_bf16(float v)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* float64 -> float32 rounded to odd: toward zero, with the last bit set
+ * when inexact (NaN as is).  float32 keeps more than two bits beyond
+ * float16 and bfloat16 at every magnitude they reach, so rounding this to
+ * nearest even rounds the float64 value once; a plain cast through float32
+ * rounds twice and can land on the wrong side of a tie. */
+static inline float lnf_f64_to_f32_odd(double v)
+{
+    float f = (float)v;
+    if ((double)f != v && f == f) {
+        uint32_t u = lnf_bits(f);
+        if (((double)f < 0 ? -(double)f : (double)f) > (v < 0 ? -v : v))
+            u -= 1;                                 /* toward zero */
+        f = lnf_float(u | 1u);
+    }
+    return f;
+}
+
 #if LNF_VECTOR
 /* The same conversions on 16 values at once, for the row sweeps. */
 #define LNF_VSPLAT(u) ((lnf_vu32){0} + (uint32_t)(u))
