@@ -197,21 +197,22 @@ LNF_F16C("avx512f") lnf_vu16 lnf_vnarrow_bf16x512(lnf_vf v)
 }
 
 #if LNF_BF16_SWEEPS
-/* bfloat16 with AVX512-BF16: one instruction rounds 16 values to nearest
- * even (NaN as above) but flushes float32 subnormals to zero, so a vector
- * holding one (vfpclassps; rare) takes the integer code instead.  About 4
- * vector operations instead of 10, where narrowing is a third of a bfloat16
- * forward sweep's work. */
+/* bfloat16 on CPUs with AVX512-BF16 (and BW, DQ).  Widening: vpermw with
+ * zero masking puts value k in the high half of lane k, one shuffle instead
+ * of a widening move and a shift. */
 LNF_F16C("avx512f,avx512bw") lnf_vf lnf_vwiden_bf16b512(lnf_vu16 h)
 {
-    /* vpermw with zero masking puts value k in the high half of lane k:
-     * one shuffle instead of a widening move and a shift */
     const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
                                          7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
     return (lnf_vf)_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx,
                                                   _mm512_castsi256_si512((__m256i)h));
 }
 
+/* Narrowing: vcvtneps2bf16 rounds 16 values to nearest even (NaN as above)
+ * but flushes float32 subnormals to zero, so a vector holding one (found by
+ * vfpclassps; rare) takes the integer code instead.  About 4 vector
+ * operations instead of 10, where narrowing was a third of a bfloat16
+ * forward sweep's work. */
 LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vu16 lnf_vnarrow_bf16b512(lnf_vf v)
 {
     if (__builtin_expect(_mm512_fpclass_ps_mask((__m512)v, 0x20) != 0, 0))

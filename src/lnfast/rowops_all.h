@@ -47,8 +47,9 @@ typedef uint16_t lnf_vu16 __attribute__((vector_size(32)));   /* 16 float16/bflo
     && !defined(LNFAST_NO_DISPATCH) && (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 8)
 #define LNF_DISPATCH __attribute__((target_clones("avx512f", "avx2", "default")))
 #define LNF_HAVE_DISPATCH 1
-/* The AVX512-BF16 conversion instruction (GCC 10, clang 9 and later). */
-#if LNF_VECTOR && (defined(__clang__) || __GNUC__ >= 10)
+/* The AVX512-BF16 conversion instruction (its target attribute and
+ * __builtin_cpu_supports name are safe from GCC 11; clang is 14 here). */
+#if LNF_VECTOR && (defined(__clang__) || __GNUC__ >= 11)
 #define LNF_BF16_SWEEPS 1
 #else
 #define LNF_BF16_SWEEPS 0
