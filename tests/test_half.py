@@ -225,6 +225,26 @@ def test_strided_and_in_place(rng, dtype):
     assert np.array_equal(x.view(np.uint16), want.view(np.uint16))
 
 
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_16bit_weights_of_any_layout(rng, dtype):
+    # Weights of the input's dtype are widened by the row conversions:
+    # strided, reversed, broadcast and unaligned ones give the bytes of a
+    # contiguous copy, forward and backward.
+    D = 37
+    x = rng.standard_normal((5, D)).astype(dtype)
+    base = rng.standard_normal(3 * D).astype(dtype)
+    buf = np.zeros(2 * D + 1, np.uint8)
+    unaligned = np.frombuffer(buf.data, dtype, D, offset=1)
+    unaligned[...] = base[:D]
+    y, mean, rstd = lnfast.layer_norm_forward(x)
+    for w in (base[::2][:D], base[::-1][:D], np.broadcast_to(base[0], (D,)), unaligned):
+        c = np.ascontiguousarray(w)
+        got = [lnfast.layer_norm(x, w, w), *lnfast.layer_norm_backward(x, x, mean, rstd, w)]
+        want = [lnfast.layer_norm(x, c, c), *lnfast.layer_norm_backward(x, x, mean, rstd, c)]
+        assert all(np.array_equal(g.view(np.uint16), v.view(np.uint16))
+                   for g, v in zip(got, want))
+
+
 def test_overflow_gives_inf_in_that_row_only():
     x = np.tile(np.array([1, -1], np.float16), (3, 32))    # xhat = +-1 everywhere
     x[1, 0] = 40                                  # row 1: one xhat near 7.9
