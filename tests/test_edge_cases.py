@@ -91,6 +91,23 @@ def test_bfloat16_gradients_are_rounded_once():
     assert _cpu.round_to_16bit(np.array([exact]), True).view(bf16)[0] == 1.0078125
 
 
+def test_gradient_rows_in_place_or_aligned_give_the_same_bytes(rng):
+    # One float64 chunk is summed in the returned array when that starts on
+    # a 64-byte line, in aligned partial rows of its own otherwise.
+    M, D = 40, 24
+    x = rng.standard_normal((M, D))
+    dy = rng.standard_normal((M, D))
+    _, mean, rstd = lnfast.layer_norm_forward(x)
+    _, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd)
+    for off in (0, 16):
+        buf = np.zeros(2 * D + 16)
+        start = ((-buf.ctypes.data) % 64 + off) // 8
+        dwdb = buf[start:start + 2 * D].reshape(2, D)
+        assert dwdb.ctypes.data % 64 == off
+        _cpu.backward(dy, x, None, mean, rstd, np.ones(D), np.empty_like(x), dwdb, 1, True, 1)
+        assert np.array_equal(dwdb[0], dw) and np.array_equal(dwdb[1], db)
+
+
 def test_unaligned_inputs(rng):
     buf = np.zeros(4 * 64 * 33 + 1, np.uint8)
     x = np.frombuffer(buf.data, np.float32, 64 * 32, offset=1).reshape(64, 32)
