@@ -338,10 +338,9 @@ def test_dweight_dbias_are_the_rounded_float64_sums(rng, dtype, wkind):
     else:
         want = sums.astype(np.float32)
     assert dw.dtype == db.dtype == wd.dtype
-    assert np.array_equal(dw.view(np.uint16 if wkind == "same" else np.uint32),
-                          want[0].view(np.uint16 if wkind == "same" else np.uint32))
-    assert np.array_equal(db.view(np.uint16 if wkind == "same" else np.uint32),
-                          want[1].view(np.uint16 if wkind == "same" else np.uint32))
+    bits = np.uint16 if wkind == "same" else np.uint32
+    assert np.array_equal(dw.view(bits), want[0].view(bits))
+    assert np.array_equal(db.view(bits), want[1].view(bits))
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)
