@@ -77,18 +77,46 @@ def test_float32_rows_near_the_overflow_threshold():
 
 
 def test_bfloat16_gradients_are_rounded_once():
+    # Three rows of dy in three different float32 runs (_cpu.pyx RUN_ROWS = 16
+    # rows each), so their float64 sum is exact, just above a bfloat16 tie.
     bf16 = np.dtype(ml_dtypes.bfloat16)
-    x = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]], np.float32)
-    dy = np.array([[1.0, 1.0], [2.0**-8, 2.0**-8], [2.0**-30, 2.0**-30]], np.float32)
+    x = np.tile(np.array([0.0, 1.0], np.float32), (33, 1))
+    dy = np.zeros((33, 2), np.float32)
+    dy[0], dy[16], dy[32] = 1.0, 2.0**-8, 2.0**-30
     _, mean, rstd = lnfast.layer_norm_forward(x)
     w = np.ones(2, bf16)
-    _, _, db = lnfast.layer_norm_backward(dy.astype(np.float32), x, mean, rstd,
-                                          w.astype(np.float32))
-    exact = 1 + 2.0**-8 + 2.0**-30                       # just above a bfloat16 tie
+    _, _, db = lnfast.layer_norm_backward(dy, x, mean, rstd, w.astype(np.float32))
+    exact = 1 + 2.0**-8 + 2.0**-30
     assert db[0] == np.float32(exact)
     _, _, db16 = lnfast.layer_norm_backward(dy.astype(bf16), x.astype(bf16), mean, rstd, w)
     assert db16.dtype == bf16 and float(db16[0]) == 1.0078125
     assert _cpu.round_to_16bit(np.array([exact]), True).view(bf16)[0] == 1.0078125
+
+
+@pytest.mark.parametrize("M", [1, 15, 16, 17, 300, 5000])
+def test_float32_gradient_sums_run_in_float32_then_float64(rng, M):
+    # float32 dweight/dbias terms are summed in float32 over runs of 16 rows
+    # counted from each chunk's first row; the runs are added in float64, in
+    # row order within a chunk, then the chunks in order.  dbias's terms are
+    # dy itself, so its float64 sum can be rebuilt bit for bit.
+    D = 5
+    x = rng.standard_normal((M, D)).astype(np.float32)
+    dy = (rng.standard_normal((M, D)) * 10.0 ** rng.integers(-3, 4, (M, 1))).astype(np.float32)
+    _, mean, rstd = lnfast.layer_norm_forward(x)
+    nchunks = _kernels.num_chunks(M, D)
+    sums = np.empty((2, D))
+    _cpu.backward(dy, x, None, mean, rstd, np.ones(D, np.float32), np.empty_like(x),
+                  sums, nchunks, True, 2)
+    total = np.zeros(D)
+    for c in range(nchunks):
+        chunk, part = dy[c * M // nchunks:(c + 1) * M // nchunks], np.zeros(D)
+        for r0 in range(0, len(chunk), 16):
+            run = np.zeros(D, np.float32)
+            for row in chunk[r0:r0 + 16]:
+                run += row                      # float32 adds, in row order
+            part += run
+        total += part
+    assert np.array_equal(sums[1], total)
 
 
 def test_gradient_rows_in_place_or_aligned_give_the_same_bytes(rng):
@@ -187,7 +215,7 @@ def test_pipelined_and_gathered_rows_agree_bitwise(rng, dtype, D):
     # row's sums; 16-bit values converted inside the sweep); strided rows are
     # gathered into float scratch and run one pass at a time.  Both must
     # give the same bits, for every function.
-    x, r, dy, dz = (rng.standard_normal((9, D)).astype(dtype) for _ in range(4))
+    x, r, dy, dz = (rng.standard_normal((40, D)).astype(dtype) for _ in range(4))
     wdtype = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
     w, b = rng.standard_normal(D).astype(wdtype), rng.standard_normal(D).astype(wdtype)
 

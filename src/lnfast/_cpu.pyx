@@ -221,6 +221,7 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     uint16_t lnf_f32_to_f16(float v)
     float lnf_f64_to_f32_odd(double v)
     int lnf_has_f16c()
+    void lnf_add_run(double* dw, float* g, Py_ssize_t n)
     # Row sweeps (rowops.h), one per storage type; f16/bf16 rows are
     # uint16_t bits computed in float32.
     void lnf_row_pipe_f32(const float* x, float* y, const float* w, const float* b,
@@ -240,7 +241,7 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
                            const uint16_t* rn, uint16_t* zn, int centered, double* s,
                            Py_ssize_t n, const uint16_t* xf, const uint16_t* rf)
     void lnf_row_grad_pipe_f32(const float* x, const float* dy, const float* dz, float* dx,
-                               const float* k, double* dw, double* db, const float* xn,
+                               const float* k, float* dw, float* db, const float* xn,
                                const float* dyn, float mean_n, double* out, const float* w,
                                Py_ssize_t n, const float* xf, const float* dyf)
     void lnf_row_grad_pipe_f64(const double* x, const double* dy, const double* dz, double* dx,
@@ -249,12 +250,12 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
                                const double* w, Py_ssize_t n, const double* xf,
                                const double* dyf)
     void lnf_row_grad_pipe_f16(const uint16_t* x, const uint16_t* dy, const uint16_t* dz,
-                               uint16_t* dx, const float* k, double* dw, double* db,
+                               uint16_t* dx, const float* k, float* dw, float* db,
                                const uint16_t* xn, const uint16_t* dyn, float mean_n,
                                double* out, const float* w, Py_ssize_t n,
                                const uint16_t* xf, const uint16_t* dyf)
     void lnf_row_grad_pipe_bf16(const uint16_t* x, const uint16_t* dy, const uint16_t* dz,
-                                uint16_t* dx, const float* k, double* dw, double* db,
+                                uint16_t* dx, const float* k, float* dw, float* db,
                                 const uint16_t* xn, const uint16_t* dyn, float mean_n,
                                 double* out, const float* w, Py_ssize_t n,
                                 const uint16_t* xf, const uint16_t* dyf)
@@ -335,7 +336,7 @@ cdef inline void row_pipe(int storage, crow x, void* y, const real* w, const rea
 
 
 cdef inline void row_grad_pipe(int storage, crow x, crow dy, crow dz, void* dx,
-                               const real* k, double* dw, double* db, crow xn, crow dyn,
+                               const real* k, real* dw, real* db, crow xn, crow dyn,
                                real mean_n, double* s, const real* w, Py_ssize_t D,
                                crow xf=NULL, crow dyf=NULL) noexcept nogil:
     """rowops.h lnf_row_grad_pipe on rows stored as `storage`: the map of
@@ -596,13 +597,32 @@ cdef void forward_rows(const Rows* a, const real* w, const real* b,
             forward_range(a, w, b, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt, buf)
 
 
+cdef enum:
+    # float32 dweight/dbias terms are summed in float32 over runs of this
+    # many rows of a chunk, each run then added into the chunk's float64
+    # partial rows.  Widening every term to float64 in the sweep cost the
+    # float32 and 16-bit backward 2-35% (two conversions and twice the bytes
+    # loaded and stored per 16 terms); runs of 16 raise float32 dweight's
+    # relative error from 6e-8 to 1e-7 (docs/api.md).  Runs of 8 were 3-11%
+    # slower, runs of 32 up to 7% faster at D = 65536 only.
+    RUN_ROWS = 16
+
+
+cdef inline void end_of_run(real* g, double* dw, Py_ssize_t i, Py_ssize_t n,
+                            Py_ssize_t width) noexcept nogil:
+    """After the i-th of a chunk's n rows (from 0): add a full or final run
+    of float32 sums g into dw (and zero g).  float64 sums are in dw itself."""
+    if real is float and (i % RUN_ROWS == RUN_ROWS - 1 or i == n - 1):
+        lnf_add_run(dw, g, width)
+
+
 cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
-                                double* dw, real* buf) noexcept nogil:
+                                double* dw, real* g, real* buf) noexcept nogil:
     """Rows r0..r1-1 of direct arrays, in order, software-pipelined as
-    forward_block: one sweep maps row r (dx, and its terms into dw[0:D],
-    dw[D:2D]) and sums row r + 1.  buf: 2 rows of scratch for the rare
-    rows of 16-bit data."""
+    forward_block: one sweep maps row r (dx, and its terms into g[0:D],
+    g[D:2D], see RUN_ROWS) and sums row r + 1.  buf: 2 rows of scratch
+    for the rare rows of 16-bit data."""
     cdef Py_ssize_t r, D = a.D
     cdef int st = a.x.storage
     cdef double s[3]
@@ -618,14 +638,15 @@ cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                                 w, D, mean[r] if c else 0, s)
         row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k)
         row_grad_pipe(st, row_ptr(&a.x, r), row_ptr(&a.dy, r),
-                      row_or_null(&a.dz, r, r1, a.has_dz), row_ptr(&a.dx, r), k, dw,
-                      dw + D if c else NULL, row_or_null(&a.x, r + 1, r1),
+                      row_or_null(&a.dz, r, r1, a.has_dz), row_ptr(&a.dx, r), k, g,
+                      g + D if c else NULL, row_or_null(&a.x, r + 1, r1),
                       row_or_null(&a.dy, r + 1, r1), mean[r + 1] if c and r + 1 < r1 else 0,
                       s, w, D, row_or_null(&a.x, r + 2, r1), row_or_null(&a.dy, r + 2, r1))
+        end_of_run(g, dw, r - r0, r1 - r0, 2 * D if c else D)
 
 
 cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
-                              const real* rstd, Py_ssize_t r, double* dw,
+                              const real* rstd, Py_ssize_t r, real* g,
                               real* buf) noexcept nogil:
     """Row r of arrays with some rows strided or of another dtype, gathered
     into `buf` (4 rows: x, dy, dx, dz) and stored back: the arithmetic of
@@ -642,23 +663,27 @@ cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
         row_grad_sums_exact(xr, dyr, w, D, m, s)
     row_grad_scalars(s, D, a.centered, m, rstd[r], k)
     row_grad_pipe(NATIVE, xr, dyr, load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL,
-                  dxr, k, dw, dw + D if a.centered else NULL, NULL, NULL, 0, s, w, D)
+                  dxr, k, g, g + D if a.centered else NULL, NULL, NULL, 0, s, w, D)
     if dxr == buf + 2 * D:
         store_row(&a.dx, r, D, dxr)
 
 
 cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
-                                double* dw, real* buf) noexcept nogil:
+                                double* dw, real* g, real* buf) noexcept nogil:
     """Rows r0..r1-1, their dweight/dbias terms summed into the zeroed
-    partial rows dw[0:2D], in row order."""
+    float64 partial rows dw[0:2D] in row order: directly when real is
+    double (g is dw), else through the float32 runs g[0:2D]."""
     cdef Py_ssize_t r
     memset(dw, 0, 2 * a.D * sizeof(double))
+    if real is float:
+        memset(g, 0, 2 * a.D * sizeof(float))
     if a.direct:
-        backward_block(a, w, mean, rstd, r0, r1, dw, buf)
+        backward_block(a, w, mean, rstd, r0, r1, dw, g, buf)
     else:
         for r in range(r0, r1):
-            backward_row(a, w, mean, rstd, r, dw, buf)
+            backward_row(a, w, mean, rstd, r, g, buf)
+            end_of_run(g, dw, r - r0, r1 - r0, 2 * a.D if a.centered else a.D)
 
 
 cdef enum:
@@ -699,26 +724,40 @@ cdef inline Py_ssize_t partial_stride(Py_ssize_t D) noexcept nogil:
     return (2 * D + 7) & ~7
 
 
+cdef inline real* run_rows(real* runs, double* dw, int t, Py_ssize_t D) noexcept nogil:
+    """Where thread t sums a run of a chunk's dweight/dbias terms
+    (RUN_ROWS): float32 rows of its own, padded to whole lines, or the
+    chunk's float64 partial rows dw themselves."""
+    if real is double:
+        return dw
+    else:
+        return runs + 2 * partial_stride(D) * t
+
+
 cdef void backward_rows(const Rows* a, const real* w, const real* mean,
                         const real* rstd, Py_ssize_t nchunks, double* partials,
-                        void* dwdb, int kind, real* scratch) noexcept:
+                        real* runs, void* dwdb, int kind, real* scratch) noexcept:
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible."""
     cdef Py_ssize_t c, k, M = a.M, D = a.D, stride = partial_stride(D)
     cdef Py_ssize_t nblocks = (2 * D + SUM_BLOCK - 1) // SUM_BLOCK
     cdef real* buf = NULL
+    cdef int t
     if a.nthreads == 1:     # (no OpenMP region, as in forward_rows)
         with nogil:
             for c in range(nchunks):
                 backward_chunk(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
-                               partials + stride * c, scratch)
+                               partials + stride * c,
+                               run_rows(runs, partials + stride * c, 0, D), scratch)
     else:
         with nogil, parallel(num_threads=a.nthreads):
-            buf = scratch + BACKWARD_SCRATCH * D * omp_get_thread_num() if scratch != NULL else NULL
+            t = omp_get_thread_num()
+            buf = scratch + BACKWARD_SCRATCH * D * t if scratch != NULL else NULL
             for c in prange(nchunks, schedule='static'):
                 backward_chunk(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
-                               partials + stride * c, buf)
+                               partials + stride * c,
+                               run_rows(runs, partials + stride * c, t, D), buf)
     if partials == <double*>dwdb:       # (one float64 chunk, summed in place)
         return
     if a.nthreads == 1 or nblocks * nchunks <= 256:     # threads pay only when large
@@ -794,8 +833,9 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
              cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx, cnp.ndarray dwdb,
              Py_ssize_t nchunks, bint centered, int nthreads):
     """dx (plus dz when not None) into `dx`, and [dweight, dbias] into the
-    C-contiguous (2, D) array `dwdb`: summed in float64, then rounded once to
-    dwdb's dtype (float64, float32, float16 or bfloat16).  mean is ignored
+    C-contiguous (2, D) array `dwdb`: summed in float64 (float32 terms in
+    runs of RUN_ROWS rows first), then rounded once to dwdb's dtype
+    (float64, float32, float16 or bfloat16).  mean is ignored
     when not centered.  The compute type is w's, as in forward()."""
     cdef Rows a
     cdef cnp.npy_intp n
@@ -821,20 +861,31 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
     # faster aligned at the shapes that sit in the L3).  One float64 chunk is
     # summed in dwdb itself when that is aligned, or when its few rows would
     # not win back a buffer of their own (1x768: 1.1 us in place, 1.3 with).
+    # The float32 runs (RUN_ROWS) take the bytes of one more partial stride
+    # per thread, also on lines.
     cdef double* part = <double*>cnp.PyArray_DATA(dwdb)
-    cdef cnp.ndarray partials = dwdb
-    if not (nchunks == 1 and kind == GRAD_F64 and (<uintptr_t>part % 64 == 0 or a.M < 16)):
-        n = partial_stride(a.D) * nchunks + 8
+    cdef bint has_runs = cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32
+    cdef bint in_place = (nchunks == 1 and kind == GRAD_F64
+                          and (<uintptr_t>part % 64 == 0 or a.M < 16))
+    cdef Py_ssize_t stride = partial_stride(a.D)
+    cdef cnp.ndarray partials = None
+    cdef double* base = NULL
+    n = (0 if in_place else stride * nchunks) + (stride * a.nthreads if has_runs else 0)
+    if n:
+        n += 8
         partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
-        part = <double*>((<uintptr_t>cnp.PyArray_DATA(partials) + 63) & ~<uintptr_t>63)
+        base = <double*>((<uintptr_t>cnp.PyArray_DATA(partials) + 63) & ~<uintptr_t>63)
+    if not in_place:
+        part = base
+        base += stride * nchunks
     scratch = row_scratch(&a, w, (x, dy, dz, dx), BACKWARD_SCRATCH)
     if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
-                             <float*>cnp.PyArray_DATA(rstd), nchunks, part,
+                             <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,
                              cnp.PyArray_DATA(dwdb), kind, <float*>data_or_null(scratch))
     else:
         backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
-                              <double*>cnp.PyArray_DATA(rstd), nchunks, part,
+                              <double*>cnp.PyArray_DATA(rstd), nchunks, part, NULL,
                               cnp.PyArray_DATA(dwdb), kind, <double*>data_or_null(scratch))
 
 

@@ -71,14 +71,11 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #else
 #define LNF_ACC(acc, s) do { (acc)[0] += (s)[0]; (acc)[1] += (s)[1]; } while (0)
 #endif
-/* acc[0], acc[1] += s as above, for 16 float64 values in memory at p. */
+/* The LNF_LANES values of LNF_T at p += s[0 .. LNF_NV). */
 #define LNF_ACC_MEM(p, s)                                                     \
     do {                                                                      \
-        lnf_vd m_[2];                                                         \
-        m_[0] = LNF_LOADD(p), m_[1] = LNF_LOADD((p) + 8);                     \
-        LNF_ACC(m_, s);                                                       \
-        LNF_STORED(p, m_[0]);                                                 \
-        LNF_STORED((p) + 8, m_[1]);                                           \
+        for (int u_ = 0; u_ < LNF_NV; u_++)                                   \
+            LNF_STORE((p) + u_ * LNF_LINE, LNF_LOAD((p) + u_ * LNF_LINE) + (s)[u_]); \
     } while (0)
 #define LNF_ZERO(acc) ((acc)[0] = (acc)[1] = (lnf_vd){0})
 /* Prefetch the lines LNF_PREFETCH_BYTES ahead of the LNF_STEP elements of
@@ -252,15 +249,16 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
  *   mgx} (see the driver):
  *     xhat = ((x - mean) - c) * rstd
  *     dx   = rstd * ((dy * w - mg) - xhat * mgx)   (+ dz when dz is not NULL)
- *   and dy * xhat (formed in LNF_T) and dy added to dw and db in float64
- *   (db may be NULL: RMSNorm).
+ *   and dy * xhat (formed in LNF_T) and dy added to dw and db, rows of
+ *   LNF_T (db may be NULL: RMSNorm).  The driver adds float32 dw/db into
+ *   float64 rows every few rows (_cpu.pyx, RUN_ROWS).
  * - the sums of the next row (xn != NULL), every term in LNF_T with
  *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
  *   float64 lanes fed in blocks. */
 LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
                                                    const LNF_S *dz, LNF_S *dx,
-                                                   const LNF_T *k, double *__restrict dw,
-                                                   double *__restrict db, const LNF_S *xn,
+                                                   const LNF_T *k, LNF_T *__restrict dw,
+                                                   LNF_T *__restrict db, const LNF_S *xn,
                                                    const LNF_S *dyn, LNF_T mean_n,
                                                    double *out, const LNF_T *__restrict w,
                                                    ptrdiff_t n, const LNF_S *xf,

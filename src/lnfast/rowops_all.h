@@ -27,8 +27,6 @@ typedef double lnf_vd2 __attribute__((vector_size(128)));    /* two of them */
 typedef float lnf_vf __attribute__((vector_size(64)));        /* 16 float32 */
 typedef uint32_t lnf_vu32 __attribute__((vector_size(64)));   /* their bits */
 typedef uint16_t lnf_vu16 __attribute__((vector_size(32)));   /* 16 float16/bfloat16 */
-#define LNF_LOADD(p) ({ lnf_vd v_; memcpy(&v_, (p), sizeof v_); v_; })
-#define LNF_STORED(p, v) do { lnf_vd s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
 /* Half k (0 or 1) of an lnf_vd2.  Converting 16 floats to an lnf_vd2 and
  * taking halves compiles to two full-width conversions; converting halves
  * of the floats does not (GCC 12). */
@@ -79,6 +77,17 @@ static inline double lnf_fold(double *s)
         for (int k = 0; k < h; k++)
             s[k] += s[k + h];
     return s[0];
+}
+
+/* dw[j] += g[j], then g[j] = 0, for j < n: the backward's float32 runs of
+ * dweight/dbias terms added into its float64 partial rows (_cpu.pyx,
+ * RUN_ROWS).  Element by element: the same bits on every path. */
+LNF_DISPATCH static void lnf_add_run(double *__restrict dw, float *__restrict g, ptrdiff_t n)
+{
+    for (ptrdiff_t j = 0; j < n; j++) {
+        dw[j] += g[j];
+        g[j] = 0.0f;
+    }
 }
 
 /* The instruction set the dispatched row primitives run with here. */
@@ -236,7 +245,7 @@ static inline const char *lnf_simd_runtime(void)
     }                                                                                        \
     static void lnf_row_grad_pipe_##kind(const uint16_t *x, const uint16_t *dy,              \
                                          const uint16_t *dz, uint16_t *dx, const float *k,   \
-                                         double *dw, double *db, const uint16_t *xn,         \
+                                         float *dw, float *db, const uint16_t *xn,           \
                                          const uint16_t *dyn, float mean_n, double *out,     \
                                          const float *w, ptrdiff_t n, const uint16_t *xf,    \
                                          const uint16_t *dyf)                                \
