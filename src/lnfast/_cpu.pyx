@@ -864,13 +864,13 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
     # The float32 runs (RUN_ROWS) take the bytes of one more partial stride
     # per thread, also on lines.
     cdef double* part = <double*>cnp.PyArray_DATA(dwdb)
-    cdef bint has_runs = cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32
+    cdef bint f32 = cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32     # float32 arithmetic
     cdef bint in_place = (nchunks == 1 and kind == GRAD_F64
                           and (<uintptr_t>part % 64 == 0 or a.M < 16))
     cdef Py_ssize_t stride = partial_stride(a.D)
     cdef cnp.ndarray partials = None
     cdef double* base = NULL
-    n = (0 if in_place else stride * nchunks) + (stride * a.nthreads if has_runs else 0)
+    n = (0 if in_place else stride * nchunks) + (stride * a.nthreads if f32 else 0)
     if n:
         n += 8
         partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
@@ -879,7 +879,7 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
         part = base
         base += stride * nchunks
     scratch = row_scratch(&a, w, (x, dy, dz, dx), BACKWARD_SCRATCH)
-    if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
+    if f32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,
                              cnp.PyArray_DATA(dwdb), kind, <float*>data_or_null(scratch))
