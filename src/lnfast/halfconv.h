@@ -222,6 +222,25 @@ LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vu16 lnf_vnarrow_bf16b512(lnf_vf v)
     memcpy(&r, &h, sizeof r);
     return r;
 }
+
+/* Thirty-two values at once, for the forward map: vcvtne2ps2bf16 takes
+ * about what vcvtneps2bf16 takes for sixteen (2.3-2.4 cycles each here).
+ * The subnormals it flushes come out as zeros, so only a pair with a zero
+ * result is classified, and one holding a subnormal takes the integer code. */
+LNF_F16C("avx512f,avx512dq,avx512bw,avx512bf16") lnf_vu16x32 lnf_vnarrow2_bf16b512(lnf_vf a,
+                                                                                   lnf_vf b)
+{
+    __m512bh h = _mm512_cvtne2ps_pbh((__m512)b, (__m512)a);
+    lnf_vu16x32 r;
+    memcpy(&r, &h, sizeof r);
+    if (__builtin_expect(_mm512_testn_epi16_mask((__m512i)h, _mm512_set1_epi16(0x7fff)) != 0, 0)
+        && (_mm512_fpclass_ps_mask((__m512)a, 0x20) | _mm512_fpclass_ps_mask((__m512)b, 0x20))) {
+        lnf_vu16 lo = lnf_vnarrow_bf16x512(a), hi = lnf_vnarrow_bf16x512(b);
+        memcpy(&r, &lo, sizeof lo);
+        memcpy((char *)&r + sizeof lo, &hi, sizeof hi);
+    }
+    return r;
+}
 #endif
 
 LNF_F16C("avx2") lnf_vf lnf_vwiden_bf16x256(lnf_vu16 h)

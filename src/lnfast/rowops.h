@@ -60,6 +60,19 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_STORES(p, v) do { lnf_vu16 h_ = LNF_VNARROW(v); memcpy((p), &h_, sizeof h_); } while (0)
 #define LNF_ROUND(v) LNF_VWIDEN(LNF_VNARROW(v))
 #endif
+/* The forward map stores LNF_MAPW vectors at a time: two where the
+ * instance narrows 32 values in one conversion (LNF_VNARROW2). */
+#ifdef LNF_VNARROW2
+#define LNF_MAPW 2
+#define LNF_STORESW(p, v)                                                     \
+    do {                                                                      \
+        lnf_vu16x32 h2_ = LNF_VNARROW2((v)[0], (v)[1]);                       \
+        memcpy((p), &h2_, sizeof h2_);                                        \
+    } while (0)
+#else
+#define LNF_MAPW 1
+#define LNF_STORESW(p, v) LNF_STORES(p, (v)[0])
+#endif
 /* acc[0], acc[1] (the float64 lanes) += s[0 .. LNF_NV), widened. */
 #if LNF_NV == 1
 #define LNF_ACC(acc, s)                                                       \
@@ -143,12 +156,12 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     const LNF_VT sh = LNF_SPLAT(shift), vhi = LNF_SPLAT(hi), vlo = LNF_SPLAT(lo),
                  vrs = LNF_SPLAT(rs);
     LNF_ZERO(a), LNF_ZERO(c);
-#define LNF_MAP(j)                                                                 \
-    do {                                                                           \
+#define LNF_MAPV(j)                                                                \
+    ({                                                                             \
         LNF_VT xv_ = LNF_LOADS(x + (j)), wv_ = LNF_LOAD(w + (j));                  \
-        LNF_STORES(y + (j), b != NULL ? ((xv_ - vhi) - vlo) * vrs * wv_ + LNF_LOAD(b + (j)) \
-                                      : xv_ * vrs * wv_);                          \
-    } while (0)
+        b != NULL ? ((xv_ - vhi) - vlo) * vrs * wv_ + LNF_LOAD(b + (j)) : xv_ * vrs * wv_; \
+    })
+#define LNF_MAP(j) LNF_STORES(y + (j), LNF_MAPV(j))
 #define LNF_NEXT(j)                                                                \
     ({                                                                             \
         LNF_VT v_ = LNF_LOADS(xn + (j));                                           \
@@ -160,10 +173,13 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     })
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
         if (x != NULL)
-            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LINE) {
+            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_LINE) {
+                LNF_VT yv[LNF_MAPW];
                 if ((j - i) % LNF_LANES == 0)
                     LNF_PREFETCH_OUT(y, j);
-                LNF_MAP(j);
+                for (int v = 0; v < LNF_MAPW; v++)
+                    yv[v] = LNF_MAPV(j + v * LNF_LINE);
+                LNF_STORESW(y + j, yv);
             }
         if (xn != NULL) {
             LNF_AHEAD(xn, xf, i, n);
@@ -200,6 +216,7 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
         }
     }
 #undef LNF_MAP
+#undef LNF_MAPV
 #undef LNF_NEXT
     LNF_SPILL(s1, a), LNF_SPILL(s2, c);
 #else
@@ -393,6 +410,8 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_VT
 #undef LNF_LOADS
 #undef LNF_STORES
+#undef LNF_STORESW
+#undef LNF_MAPW
 #undef LNF_ROUND
 #undef LNF_GET
 #undef LNF_PUT
@@ -414,3 +433,4 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_ATTR
 #undef LNF_VWIDEN
 #undef LNF_VNARROW
+#undef LNF_VNARROW2

@@ -27,6 +27,7 @@ typedef double lnf_vd2 __attribute__((vector_size(128)));    /* two of them */
 typedef float lnf_vf __attribute__((vector_size(64)));        /* 16 float32 */
 typedef uint32_t lnf_vu32 __attribute__((vector_size(64)));   /* their bits */
 typedef uint16_t lnf_vu16 __attribute__((vector_size(32)));   /* 16 float16/bfloat16 */
+typedef uint16_t lnf_vu16x32 __attribute__((vector_size(64)));
 /* Half k (0 or 1) of an lnf_vd2.  Converting 16 floats to an lnf_vd2 and
  * taking halves compiles to two full-width conversions; converting halves
  * of the floats does not (GCC 12). */
@@ -174,6 +175,7 @@ static inline const char *lnf_simd_runtime(void)
 #define LNF_SUFFIX bf16b512
 #define LNF_VWIDEN lnf_vwiden_bf16b512
 #define LNF_VNARROW lnf_vnarrow_bf16b512
+#define LNF_VNARROW2 lnf_vnarrow2_bf16b512
 #include "rowops.h"
 #endif
 #define LNF_ATTR __attribute__((target("avx2")))
