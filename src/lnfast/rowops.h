@@ -6,8 +6,8 @@
  * storage, with its conversions LNF_TO_F32 and LNF_FROM_F32 for one value)
  * defined for a family of instances, and for each instance LNF_SUFFIX,
  * LNF_ATTR (the function attributes) and, for 16-bit storage, LNF_VWIDEN
- * and LNF_VNARROW (16 values); the instance's four are undefined at the
- * end.  The Cython drivers in _cpu.pyx
+ * and LNF_VNARROW (16 values) and optionally LNF_VNARROW2 (32 values, from
+ * two vectors); the instance's settings are undefined at the end.  The Cython drivers in _cpu.pyx
  * call one sweep per row: lnf_row_pipe (forward) and lnf_row_grad_pipe
  * (backward), each the map of one row together with the sums of the next.
  *

@@ -27,7 +27,7 @@ typedef double lnf_vd2 __attribute__((vector_size(128)));    /* two of them */
 typedef float lnf_vf __attribute__((vector_size(64)));        /* 16 float32 */
 typedef uint32_t lnf_vu32 __attribute__((vector_size(64)));   /* their bits */
 typedef uint16_t lnf_vu16 __attribute__((vector_size(32)));   /* 16 float16/bfloat16 */
-typedef uint16_t lnf_vu16x32 __attribute__((vector_size(64)));
+typedef uint16_t lnf_vu16x32 __attribute__((vector_size(64))); /* 32 of them */
 /* Half k (0 or 1) of an lnf_vd2.  Converting 16 floats to an lnf_vd2 and
  * taking halves compiles to two full-width conversions; converting halves
  * of the floats does not (GCC 12). */
