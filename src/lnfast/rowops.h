@@ -7,9 +7,10 @@
  * defined for a family of instances, and for each instance LNF_SUFFIX,
  * LNF_ATTR (the function attributes) and, for 16-bit storage, LNF_VWIDEN
  * and LNF_VNARROW (16 values) and optionally LNF_VNARROW2 (32 values, from
- * two vectors); the instance's settings are undefined at the end.  The Cython drivers in _cpu.pyx
- * call one sweep per row: lnf_row_pipe (forward) and lnf_row_grad_pipe
- * (backward), each the map of one row together with the sums of the next.
+ * two vectors); the instance's settings are undefined at the end.  The
+ * Cython drivers in _cpu.pyx call one sweep per row: lnf_row_pipe (forward)
+ * and lnf_row_grad_pipe (backward), each the map of one row together with
+ * the sums of the next.
  *
  * Sums run in LNF_LANES float64 lanes, fed in blocks: lane k first adds up
  * LNF_BLOCK elements k, k + LANES, k + 2 LANES, ... in LNF_T, in order, and
