@@ -33,6 +33,14 @@ def test_x_of_non_float_dtype(dtype):
     raises(TypeError, "x", lnfast.layer_norm_forward, x)
 
 
+def test_byte_swapped_arrays(args):
+    # Not a float dtype the kernels read; the message shows the byte order.
+    for fn in (lnfast.layer_norm, lnfast.rms_norm_forward):
+        raises(TypeError, "x", fn, args["x"].astype(">f8"))
+    raises(TypeError, "weight", lnfast.layer_norm, args["x"], args["w"].astype(">f8"))
+    raises(TypeError, "residual", lnfast.add_layer_norm_forward, args["x"], args["x"].astype(">f8"))
+
+
 @pytest.mark.parametrize("fn", [lnfast.layer_norm, lnfast.layer_norm_forward])
 @pytest.mark.parametrize("x", [[[1.0, 2.0]], 3.0, None, "abc"])
 def test_x_not_an_array(fn, x):

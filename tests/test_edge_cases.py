@@ -57,13 +57,21 @@ def test_scratch_is_bounded_by_the_work_not_the_thread_setting(rng):
 
 
 def test_large_rows_without_weight_are_not_cached():
-    _kernels._constant.cache_clear()
-    lnfast.layer_norm(np.ones((2, _kernels._CONSTANT_MAX_D + 1)))
-    assert _kernels._constant.cache_info().currsize == 0
-    lnfast.layer_norm(np.ones((2, 64)))
-    assert _kernels._constant.cache_info().currsize == 2
     lnfast.empty_cache()
-    assert _kernels._constant.cache_info().currsize == 0
+    lnfast.layer_norm(np.ones((2, 65537)))
+    assert _cpu.constants_kept() == 0
+    lnfast.layer_norm(np.ones((2, 64)))
+    assert _cpu.constants_kept() == 2                  # ones and zeros
+    lnfast.empty_cache()
+    assert _cpu.constants_kept() == 0
+
+
+def test_at_most_64_stand_in_vectors_are_kept():
+    for D in range(1, 100):
+        lnfast.rms_norm(np.ones((1, D), np.float32))
+        assert _cpu.constants_kept() <= 64
+    ones = _cpu.constant(1.0, 8, np.dtype(np.float32).num)
+    assert not ones.flags.writeable and np.array_equal(ones, np.ones(8, np.float32))
 
 
 def test_float32_rows_near_the_overflow_threshold():

@@ -1,4 +1,5 @@
 # Type stub for the compiled CPU kernels (src/lnfast/_cpu.pyx).
+from collections.abc import Callable
 from typing import TypedDict
 
 import numpy as np
@@ -19,6 +20,18 @@ def forward(
     w: np.ndarray, b: np.ndarray, mean: np.ndarray | None, rstd: np.ndarray | None,
     eps: float, centered: bool, nthreads: int,
 ) -> None: ...
+def forward_common(
+    threads_for: Callable[[int], int], x: object, residual: object, weight: object,
+    bias: object, eps: object, centered: bool, stats: bool,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None] | None: ...
+def backward_common(
+    threads_for: Callable[[int, int], int], min_parallel: int,
+    num_chunks: Callable[[int, int], int], dy: object, x: object, mean: object,
+    rstd: object, weight: object, dz: object, centered: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None: ...
+def constant(value: float, D: int, typenum: int) -> np.ndarray: ...
+def drop_constants() -> None: ...
+def constants_kept() -> int: ...
 def backward(
     dy: np.ndarray, x: np.ndarray, dz: np.ndarray | None, mean: np.ndarray | None,
     rstd: np.ndarray, w: np.ndarray, dx: np.ndarray, dwdb: np.ndarray, nchunks: int,

@@ -6,12 +6,15 @@ spread over OpenMP threads with `prange`; all reductions run in float64 in a
 fixed order, so results do not depend on the thread count.  The innermost
 loops are the C row primitives of rowops.h.
 
-Arrays arrive validated from `lnfast._layer_norm`: dtypes are final, weight and
-bias are contiguous vectors of length D, mean/rstd/dx outputs are C-contiguous.
+Arrays arrive validated from `lnfast._kernels` (except in forward_common
+and backward_common, which recognise the common call themselves): dtypes are
+final, weight and bias are contiguous vectors of length D, mean/rstd/dx
+outputs are C-contiguous.
 Rows of x, dy and out may have any (aligned) strides: a row whose elements are
 not adjacent is gathered into a per-thread buffer first.
 """
 from cython.parallel cimport parallel, prange
+from libc.float cimport DBL_MAX
 from libc.math cimport sqrt
 from libc.stdint cimport uint16_t, uintptr_t
 from libc.string cimport memcpy, memset
@@ -811,6 +814,12 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
     """y = norm(x + residual) row by row, z = x + residual when residual is
     not None; mean and rstd stored when not None.  The compute type is w's
     (float32 or float64); 16-bit rows are computed in float32."""
+    run_forward(x, residual, z, y, w, b, mean, rstd, eps, centered, nthreads)
+
+
+cdef int run_forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
+                     cnp.ndarray w, cnp.ndarray b, cnp.ndarray mean, cnp.ndarray rstd,
+                     double eps, bint centered, int nthreads) except -1:
     cdef Rows a
     rows_init(&a, x, eps, centered, nthreads)
     rowmap_init(&a.y, y)
@@ -827,6 +836,7 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
         forward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>cnp.PyArray_DATA(b),
                              <double*>data_or_null(mean), <double*>data_or_null(rstd),
                              <double*>data_or_null(scratch))
+    return 0
 
 
 def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
@@ -837,6 +847,12 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
     runs of RUN_ROWS rows first), then rounded once to dwdb's dtype
     (float64, float32, float16 or bfloat16).  mean is ignored
     when not centered.  The compute type is w's, as in forward()."""
+    run_backward(dy, x, dz, mean, rstd, w, dx, dwdb, nchunks, centered, nthreads)
+
+
+cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
+                      cnp.ndarray rstd, cnp.ndarray w, cnp.ndarray dx, cnp.ndarray dwdb,
+                      Py_ssize_t nchunks, bint centered, int nthreads) except -1:
     cdef Rows a
     cdef cnp.npy_intp n
     rows_init(&a, x, 0.0, centered, nthreads)
@@ -849,7 +865,7 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
                         "float32, float16 or bfloat16")
     if a.M == 0:
         memset(cnp.PyArray_DATA(dwdb), 0, cnp.PyArray_NBYTES(dwdb))
-        return
+        return 0
     rowmap_init(&a.dy, dy)
     rowmap_init(&a.dx, dx)
     if dz is not None:
@@ -887,6 +903,157 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
         backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
                               <double*>cnp.PyArray_DATA(rstd), nchunks, part, NULL,
                               cnp.PyArray_DATA(dwdb), kind, <double*>data_or_null(scratch))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# The common call in one step.  In a small call the Python glue (checks,
+# dispatch, allocations, the weight vectors: 3-4 us) cost more than the
+# rows; here the common case is recognised, allocated for and run without
+# it.  Anything else returns None and takes the general path, which checks
+# (and words the errors) and runs the same kernels.
+
+cdef inline bint plain(object a, int typenum):
+    """`a` is a NumPy ndarray (no subclass) of dtype `typenum` in native
+    byte order, aligned and C-contiguous."""
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
+            and cnp.PyArray_ISALIGNED(<cnp.ndarray>a)
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a))
+
+
+cdef inline bint plain_shaped(object a, int typenum, int nd, cnp.npy_intp* dims):
+    """`a` is plain and of shape dims[:nd]."""
+    return (plain(a, typenum) and cnp.PyArray_NDIM(<cnp.ndarray>a) == nd
+            and cnp.PyArray_CompareLists(cnp.PyArray_DIMS(<cnp.ndarray>a), dims, nd))
+
+
+cdef inline bint plain_vector(object a, int typenum, cnp.npy_intp D):
+    """`a` is None (weight or bias not given) or a plain vector of length D."""
+    return a is None or plain_shaped(a, typenum, 1, &D)
+
+
+cdef inline int compute_typenum(int t):
+    """The compute type of data of type t, or -1 for types not common."""
+    if t == cnp.NPY_FLOAT64:
+        return cnp.NPY_FLOAT64
+    if t == cnp.NPY_FLOAT32 or t == cnp.NPY_FLOAT16 or t == BF16_TYPENUM:
+        return cnp.NPY_FLOAT32
+    return -1
+
+
+cdef object new_array(int nd, cnp.npy_intp* dims, int typenum, size_t nbytes):
+    """numpy.empty, drawing large buffers from the cache (as `empty`)."""
+    if nbytes < LNF_POOL_MIN:
+        return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+    old = PyDataMem_SetHandler(_pool_handler)
+    try:
+        return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+    finally:
+        PyDataMem_SetHandler(old)
+
+
+cdef dict _constants = {}       # (value, D, typenum) -> read-only vector
+cdef enum:
+    CONSTANT_MAX_D = 1 << 16    # longer stand-ins cost little next to the M x D work
+    CONSTANT_MAX_KEPT = 64
+
+
+def constant(double value, cnp.npy_intp D, int typenum):
+    """Read-only float32 or float64 vector of D copies of `value`: the
+    stand-in for weight=None (ones) or bias=None (zeros), kept for reuse."""
+    key = (value, D, typenum)
+    v = _constants.get(key)
+    if v is not None:
+        return v
+    v = cnp.PyArray_EMPTY(1, &D, typenum, 0)
+    v.fill(value)
+    v.flags.writeable = False
+    if D <= CONSTANT_MAX_D:
+        if len(_constants) >= CONSTANT_MAX_KEPT:
+            _constants.clear()
+        _constants[key] = v
+    return v
+
+
+def drop_constants():
+    """Forget the kept stand-in vectors (lnfast.empty_cache)."""
+    _constants.clear()
+
+
+def constants_kept():
+    """How many stand-in vectors are kept.  For tests."""
+    return len(_constants)
+
+
+def forward_common(threads_for, x, residual, weight, bias, eps, bint centered,
+                   bint stats):
+    """lnfast._kernels.forward for the common call: x (and residual, of x's
+    dtype and shape) NumPy arrays as `plain` says, with at least one row;
+    weight and bias None or such vectors of the compute dtype; eps a finite
+    float >= 0; no out.  Returns (y, z, mean, rstd) as forward does, mean
+    and rstd only when `stats` (mean only when centered), or None when the
+    call is not of this kind.  threads_for: lnfast._threads.threads_for."""
+    cdef double e
+    if type(x) is not cnp.ndarray or type(eps) is not float:
+        return None
+    cdef cnp.ndarray xa = x
+    cdef int t = cnp.PyArray_TYPE(xa), ct = compute_typenum(t), nd = cnp.PyArray_NDIM(xa)
+    if ct < 0 or nd == 0 or not plain(xa, t) or cnp.PyArray_SIZE(xa) == 0:
+        return None
+    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(xa)
+    cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(xa) // D
+    e = eps
+    if not (e >= 0.0 and e <= DBL_MAX):
+        return None
+    if residual is not None and not plain_shaped(residual, t, nd, dims):
+        return None
+    if not (plain_vector(weight, ct, D) and plain_vector(bias, ct, D)):
+        return None
+    w = weight if weight is not None else constant(1.0, D, ct)
+    b = bias if bias is not None else constant(0.0, D, ct) if centered else w
+    cdef size_t nbytes = cnp.PyArray_NBYTES(xa)
+    cdef size_t stat_bytes = M * (8 if ct == cnp.NPY_FLOAT64 else 4)
+    y = new_array(nd, dims, t, nbytes)
+    z = new_array(nd, dims, t, nbytes) if residual is not None else None
+    mean = new_array(nd - 1, dims, ct, stat_bytes) if stats and centered else None
+    rstd = new_array(nd - 1, dims, ct, stat_bytes) if stats else None
+    run_forward(xa, residual, z, y, w, b, mean, rstd, e, centered,
+                min(<cnp.npy_intp>threads_for(M * D), M))
+    return y, z, mean, rstd
+
+
+def backward_common(threads_for, Py_ssize_t min_parallel, num_chunks, dy, x, mean,
+                    rstd, weight, dz, bint centered):
+    """lnfast._kernels.backward for the common call: dy and x (and dz) plain
+    arrays of one dtype and shape, with at least one row; rstd (and mean,
+    when centered) plain arrays of the compute dtype and shape x.shape[:-1];
+    weight None or a plain vector of the compute dtype.  Returns (dx,
+    dweight, dbias) as backward does, or None when the call is not of this
+    kind.  threads_for(n, min_parallel) and num_chunks(M, D): those of
+    lnfast._threads and lnfast._kernels."""
+    if type(x) is not cnp.ndarray:
+        return None
+    cdef cnp.ndarray xa = x
+    cdef int t = cnp.PyArray_TYPE(xa), ct = compute_typenum(t), nd = cnp.PyArray_NDIM(xa)
+    if ct < 0 or nd == 0 or not plain(xa, t) or cnp.PyArray_SIZE(xa) == 0:
+        return None
+    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(xa)
+    cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(xa) // D
+    if not (plain_shaped(dy, t, nd, dims) and (dz is None or plain_shaped(dz, t, nd, dims))
+            and plain_shaped(rstd, ct, nd - 1, dims)
+            and (not centered or plain_shaped(mean, ct, nd - 1, dims))
+            and plain_vector(weight, ct, D)):
+        return None
+    w = weight if weight is not None else constant(1.0, D, ct)
+    nchunks = num_chunks(M, D)
+    dx = new_array(nd, dims, t, cnp.PyArray_NBYTES(xa))
+    cdef cnp.npy_intp rows_of_grads[2]
+    rows_of_grads[0], rows_of_grads[1] = 2, D
+    dwdb = cnp.PyArray_EMPTY(2, rows_of_grads, ct, 0)
+    run_backward(dy, xa, dz, mean if centered else None, rstd, w, dx, dwdb, nchunks,
+                 centered, min(<Py_ssize_t>threads_for(M * D, min_parallel), nchunks))
+    return dx, dwdb[0], dwdb[1]
 
 
 cdef void copy_rows(const char* src, char* dst, Py_ssize_t nbytes,

@@ -46,7 +46,7 @@ def empty_cache():
     limit = _cpu.cache_info()[1]
     _cpu.set_cache_limit(0)
     _cpu.set_cache_limit(limit)
-    _constant.cache_clear()
+    _cpu.drop_constants()
 
 
 def _empty(shape, dtype, nbytes=None):
@@ -57,27 +57,14 @@ def _empty(shape, dtype, nbytes=None):
     return np.empty(shape, dtype)
 
 
-# Stand-in vectors for weight=None / bias=None are kept for rows up to this
-# long (larger ones cost little to make next to the M x D work).
-_CONSTANT_MAX_D = 1 << 16
-
-
-@functools.lru_cache(maxsize=64)
-def _constant(value, D, dtype):
-    """Read-only vector standing in for weight=None (ones) or bias=None (zeros)."""
-    a = np.full(D, value, dtype=dtype)
-    a.flags.writeable = False
-    return a
-
-
 def _aligned(a):
     """`a`, or an aligned copy: the kernels load elements of their own type."""
     return a if a.flags.aligned else a.copy()
 
 
 def _vector(p, value, D, dtype):
-    if p is None:
-        return _constant(value, D, dtype) if D <= _CONSTANT_MAX_D else np.full(D, value, dtype)
+    if p is None:       # a read-only stand-in, kept for reuse
+        return _cpu.constant(value, D, dtype.num)
     if p.dtype.itemsize == 2:       # 16-bit weights: F16C, not NumPy's scalar cast
         v = np.empty(D, dtype)
         _cpu.convert(_aligned(p), v)
@@ -131,6 +118,17 @@ def num_chunks(M, D):
     return max(1, min(_MAX_CHUNKS, by_rows, by_bytes))
 
 
+# The common call (NumPy arrays, contiguous data, weight and bias None or of
+# the compute dtype, a float eps, no out=) runs unchecked by Python, in one
+# Cython function that recognises it and returns what forward or backward
+# would, or None for any other call, which then takes the general path:
+#   forward_common(x, residual, weight, bias, eps, centered, stats)
+#       -> (y, z, mean, rstd), mean and rstd only when `stats`
+#   backward_common(dy, x, mean, rstd, weight, dz, centered)
+#       -> (dx, dweight, dbias)
+forward_common = functools.partial(_cpu.forward_common, threads_for)
+
+
 def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
             with_mean=False, with_rstd=False):
     """Normalize the rows of x (of x + residual): returns (y, z, mean, rstd),
@@ -173,3 +171,7 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
         _vector(weight, 1.0, D, compute), dx, dwdb, nchunks, centered,
         min(threads_for(x.size, PARALLEL_MIN_ELEMENTS_BACKWARD), nchunks))
     return dx, dwdb[0], dwdb[1]
+
+
+backward_common = functools.partial(_cpu.backward_common, threads_for,
+                                    PARALLEL_MIN_ELEMENTS_BACKWARD, num_chunks)

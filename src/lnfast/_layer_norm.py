@@ -1,6 +1,7 @@
 """LayerNorm and the fused residual-add LayerNorm (SPEC "Functions")."""
 from lnfast import _checks
 from lnfast._dispatch import backend
+from lnfast._kernels import backward_common, forward_common
 
 
 def _check_forward(x, weight, bias, eps):
@@ -23,6 +24,10 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, out=None):
 
     `out`, if given, must have x's shape and dtype and may be `x` itself.
     """
+    if out is None:
+        done = forward_common(x, None, weight, bias, eps, True, False)
+        if done is not None:
+            return done[0]
     eps = _check_forward(x, weight, bias, eps)
     if out is not None:
         _checks.out(out, x.shape, x.dtype)
@@ -33,8 +38,12 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, out=None):
 def layer_norm_forward(x, weight=None, bias=None, *, eps=1e-5):
     """LayerNorm that also returns the row statistics: (y, mean, rstd).
 
-    mean and rstd have shape x.shape[:-1] and x's dtype.
+    mean and rstd have shape x.shape[:-1] and x's dtype (float32 for
+    float16 and bfloat16 x).
     """
+    done = forward_common(x, None, weight, bias, eps, True, True)
+    if done is not None:
+        return done[0], done[2], done[3]
     eps = _check_forward(x, weight, bias, eps)
     kernels = backend("x weight bias", x, weight, bias)
     y, _, mean, rstd = kernels.forward(x, weight, bias, eps, centered=True,
@@ -48,6 +57,9 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None):
     dweight and dbias are sums over every row, of shape (D,), in the dtype of
     `weight` (of `x` when weight is None), accumulated in float64.
     """
+    done = backward_common(dy, x, mean, rstd, weight, None, True)
+    if done is not None:
+        return done
     _check_backward(dy, x, mean, rstd, weight, "x")
     kernels = backend("x dy mean rstd weight", x, dy, mean, rstd, weight)
     return kernels.backward(dy, x, mean, rstd, weight, centered=True)
@@ -58,6 +70,9 @@ def add_layer_norm_forward(x, residual, weight=None, bias=None, *, eps=1e-5):
 
     One pass reads x and residual and writes y and z: (y, z, mean, rstd).
     """
+    done = forward_common(x, residual, weight, bias, eps, True, True)
+    if done is not None:
+        return done
     eps = _check_forward(x, weight, bias, eps)
     _checks.like("residual", residual, x)
     kernels = backend("x residual weight bias", x, residual, weight, bias)
@@ -72,6 +87,9 @@ def add_layer_norm_backward(dy, z, mean, rstd, weight=None, *, dz=None):
     reaching z, plus `dz` (the gradient z receives from the next residual
     connection) when given.
     """
+    done = backward_common(dy, z, mean, rstd, weight, dz, True)
+    if done is not None:
+        return done
     _check_backward(dy, z, mean, rstd, weight, "z")
     if dz is not None:
         _checks.like("dz", dz, z, "z")

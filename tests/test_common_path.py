@@ -1,0 +1,222 @@
+"""The common call runs in one Cython step, _kernels.forward_common and
+backward_common (docs/api.md, "Call overhead"); every other call takes the
+general path.
+Both must give the same arrays, bit for bit, and the one-step path must
+decline every call that is not of its kind, so that the general path checks
+it (and words the error)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lnfast
+from lnfast import _checks, _kernels, _layer_norm, _rms_norm
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BF16]
+
+
+def compute(dtype):
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def general(x, residual, weight, bias, eps, centered, stats):
+    return _kernels.forward(x, weight, bias, eps, centered=centered, residual=residual,
+                            with_mean=stats and centered, with_rstd=stats)
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+        else:
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert g.tobytes() == w.tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 4097), (64, 768), (300, 256), (5,)])
+@pytest.mark.parametrize("kind", ["layer_norm", "add_layer_norm", "rms_norm"])
+@pytest.mark.parametrize("given", ["no weight", "weight", "weight and bias"])
+def test_matches_the_general_path(rng, dtype, shape, kind, given):
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    residual = rng.standard_normal(shape).astype(dtype) if kind == "add_layer_norm" else None
+    D, centered = shape[-1], kind != "rms_norm"
+    w = rng.standard_normal(D).astype(compute(dtype)) if given != "no weight" else None
+    b = rng.standard_normal(D).astype(compute(dtype)) if given == "weight and bias" else None
+    for stats in (False, True):
+        got = _kernels.forward_common(x, residual, w, b, 1e-5, centered, stats)
+        assert got is not None
+        assert_same(got, general(x, residual, w, b, 1e-5, centered, stats))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 4097), (64, 768), (300, 256), (5,)])
+@pytest.mark.parametrize("kind", ["layer_norm", "add_layer_norm", "rms_norm"])
+@pytest.mark.parametrize("weight", [False, True])
+def test_backward_matches_the_general_path(rng, dtype, shape, kind, weight):
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    dz = rng.standard_normal(shape).astype(dtype) if kind == "add_layer_norm" else None
+    D, centered = shape[-1], kind != "rms_norm"
+    w = rng.standard_normal(D).astype(compute(dtype)) if weight else None
+    _, _, mean, rstd = general(x, None, w, None, 1e-5, centered, True)
+    got = _kernels.backward_common(dy, x, mean, rstd, w, dz, centered)
+    assert got is not None
+    assert_same(got, _kernels.backward(dy, x, mean, rstd, w, centered=centered, dz=dz))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_same_bits_for_any_thread_count(rng, threads):
+    x = rng.standard_normal((300, 256)).astype(np.float32)
+    want = general(x, None, None, None, 1e-5, True, True)
+    lnfast.set_num_threads(threads)
+    assert_same(_kernels.forward_common(x, None, None, None, 1e-5, True, True), want)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    assert_same(_kernels.backward_common(dy, x, want[2], want[3], None, None, True),
+                _kernels.backward(dy, x, want[2], want[3], None, centered=True))
+
+
+def test_common_calls_skip_the_python_checks(monkeypatch, rng):
+    def no_checks(*args):
+        raise AssertionError("the general path ran")
+
+    for module, check in ((_layer_norm, "_check_forward"), (_layer_norm, "_check_backward"),
+                          (_rms_norm, "_check_forward"), (_checks, "like")):
+        monkeypatch.setattr(module, check, no_checks)
+    x, w = rng.standard_normal((4, 8)), rng.standard_normal(8)
+    y, mean, rstd = lnfast.layer_norm_forward(x, w)
+    lnfast.layer_norm(x, w, w)
+    lnfast.layer_norm_backward(y, x, mean, rstd, w)
+    lnfast.add_layer_norm_forward(x, x, bias=w)
+    lnfast.add_layer_norm_backward(y, x, mean, rstd, dz=y)
+    lnfast.rms_norm(x)
+    _, rstd = lnfast.rms_norm_forward(x, w)
+    lnfast.rms_norm_backward(y, x, rstd)
+    with pytest.raises(AssertionError, match="general path"):
+        lnfast.layer_norm(x, w, w, out=np.empty_like(x))       # out= is not common
+    with pytest.raises(AssertionError, match="general path"):
+        lnfast.layer_norm_backward(y, x, mean.astype(np.float32), rstd, w)
+
+
+class Sub(np.ndarray):
+    pass
+
+
+def uncommon_calls():
+    """(what is uncommon, x, residual, weight, bias, eps): valid calls and
+    bad ones alike, each to be declined."""
+    x = np.ones((4, 8), np.float32)
+    w = np.ones(8, np.float32)
+    misaligned = np.frombuffer(bytearray(4 * 33), np.float32, count=32, offset=1).reshape(4, 8)
+    fortran = np.asfortranarray(x)
+    return [
+        ("x a list", x.tolist(), None, w, w, 1e-5),
+        ("x a subclass", x.view(Sub), None, w, w, 1e-5),
+        ("x of integers", np.ones((4, 8), np.int32), None, None, None, 1e-5),
+        ("x byte-swapped", x.astype(">f4"), None, w, w, 1e-5),
+        ("x strided", np.ones((4, 16), np.float32)[:, ::2], None, w, w, 1e-5),
+        ("x Fortran-ordered", fortran, None, None, None, 1e-5),
+        ("x misaligned", misaligned, None, w, w, 1e-5),
+        ("x 0-d", np.ones((), np.float32), None, None, None, 1e-5),
+        ("x without rows", np.ones((0, 8), np.float32), None, w, w, 1e-5),
+        ("x without columns", np.ones((4, 0), np.float32), None, None, None, 1e-5),
+        ("eps an int", x, None, w, w, 0),
+        ("eps a bool", x, None, w, w, True),
+        ("eps a NumPy float", x, None, w, w, np.float64(1e-5)),
+        ("eps NaN", x, None, w, w, float("nan")),
+        ("eps infinite", x, None, w, w, float("inf")),
+        ("eps negative", x, None, w, w, -1e-5),
+        ("residual of another dtype", x, x.astype(np.float64), w, w, 1e-5),
+        ("residual of another shape", x, np.ones((2, 8), np.float32), w, w, 1e-5),
+        ("residual of another rank", x, np.ones((1, 4, 8), np.float32), w, w, 1e-5),
+        ("residual strided", x, np.ones((4, 16), np.float32)[:, ::2], w, w, 1e-5),
+        ("residual a list", x, x.tolist(), w, w, 1e-5),
+        ("weight float64 for float32 x", x, None, w.astype(np.float64), None, 1e-5),
+        ("weight float32 for float64 x", x.astype(np.float64), None, w, None, 1e-5),
+        ("weight float16 for float16 x", x.astype(np.float16), None, w.astype(np.float16), None,
+         1e-5),
+        ("weight 2-D", x, None, w.reshape(1, 8), None, 1e-5),
+        ("weight too short", x, None, w[:7], None, 1e-5),
+        ("weight strided", x, None, np.ones(16, np.float32)[::2], None, 1e-5),
+        ("weight a list", x, None, w.tolist(), None, 1e-5),
+        ("weight byte-swapped", x, None, w.astype(">f4"), None, 1e-5),
+        ("bias float64 for float32 x", x, None, w, w.astype(np.float64), 1e-5),
+        ("bias too long", x, None, w, np.ones(9, np.float32), 1e-5),
+        ("bias a subclass", x, None, w, w.view(Sub), 1e-5),
+    ]
+
+
+@pytest.mark.parametrize("what, x, residual, weight, bias, eps", uncommon_calls(),
+                         ids=[c[0] for c in uncommon_calls()])
+def test_declines_every_other_call(what, x, residual, weight, bias, eps):
+    for centered in (True, False):
+        for stats in (False, True):
+            assert _kernels.forward_common(x, residual, weight, bias, eps, centered, stats) is None
+
+
+VALID_UNCOMMON = ("x a subclass", "x strided", "x Fortran-ordered", "x misaligned",
+                  "eps an int", "eps a NumPy float", "residual strided",
+                  "weight float32 for float64 x", "weight float16 for float16 x",
+                  "weight strided")
+
+
+def made_common(a, dtype):
+    """An aligned C-ordered ndarray copy of `a` (or None)."""
+    return None if a is None else np.array(a, dtype, order="C")
+
+
+@pytest.mark.parametrize("what, x, residual, weight, bias, eps",
+                         [c for c in uncommon_calls() if c[0] in VALID_UNCOMMON],
+                         ids=VALID_UNCOMMON)
+def test_valid_uncommon_calls_give_the_common_result(what, x, residual, weight, bias, eps):
+    cx, cr = made_common(x, x.dtype), made_common(residual, x.dtype)
+    cw, cb = made_common(weight, compute(x.dtype)), made_common(bias, compute(x.dtype))
+    assert _kernels.forward_common(cx, cr, cw, cb, float(eps), True, True) is not None
+    if residual is None:
+        got = lnfast.layer_norm_forward(x, weight, bias, eps=eps)
+        want = lnfast.layer_norm_forward(cx, cw, cb, eps=float(eps))
+    else:
+        got = lnfast.add_layer_norm_forward(x, residual, weight, bias, eps=eps)
+        want = lnfast.add_layer_norm_forward(cx, cr, cw, cb, eps=float(eps))
+    assert_same(got, want)
+
+
+def uncommon_backward_calls():
+    """(what is uncommon, dy, x, mean, rstd, weight, dz), each to be declined."""
+    x = np.ones((4, 8), np.float32)
+    s = np.ones(4, np.float32)
+    w = np.ones(8, np.float32)
+    return [
+        ("x a list", x, x.tolist(), s, s, w, None),
+        ("x a subclass", x, x.view(Sub), s, s, w, None),
+        ("x of integers", x, x.astype(np.int32), s, s, w, None),
+        ("x strided", x, np.ones((4, 16), np.float32)[:, ::2], s, s, w, None),
+        ("x without rows", x[:0], x[:0], s[:0], s[:0], w, None),
+        ("dy of another dtype", x.astype(np.float64), x, s, s, w, None),
+        ("dy of another shape", x[:2], x, s, s, w, None),
+        ("dy a list", x.tolist(), x, s, s, w, None),
+        ("dy byte-swapped", x.astype(">f4"), x, s, s, w, None),
+        ("dz of another dtype", x, x, s, s, w, x.astype(np.float64)),
+        ("dz strided", x, x, s, s, w, np.ones((4, 16), np.float32)[:, ::2]),
+        ("mean float64 for float32 x", x, x, s.astype(np.float64), s, w, None),
+        ("mean of another shape", x, x, s[:3], s, w, None),
+        ("mean None", x, x, None, s, w, None),
+        ("rstd float16 for float16 x", x.astype(np.float16), x.astype(np.float16), s,
+         s.astype(np.float16), w, None),
+        ("rstd 2-D", x, x, s, s.reshape(4, 1), w, None),
+        ("rstd strided", x, x, s, np.ones(8, np.float32)[::2], w, None),
+        ("rstd a list", x, x, s, s.tolist(), w, None),
+        ("weight float64 for float32 x", x, x, s, s, w.astype(np.float64), None),
+        ("weight float16 for float16 x", x.astype(np.float16), x.astype(np.float16), s, s,
+         w.astype(np.float16), None),
+        ("weight too long", x, x, s, s, np.ones(9, np.float32), None),
+    ]
+
+
+@pytest.mark.parametrize("what, dy, x, mean, rstd, weight, dz", uncommon_backward_calls(),
+                         ids=[c[0] for c in uncommon_backward_calls()])
+def test_backward_declines_every_other_call(what, dy, x, mean, rstd, weight, dz):
+    centered = (True,) if what.startswith("mean") else (True, False)
+    for c in centered:
+        assert _kernels.backward_common(dy, x, mean, rstd, weight, dz, c) is None
