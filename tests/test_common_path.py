@@ -37,13 +37,15 @@ def assert_same(got, want):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 4097), (64, 768), (300, 256), (5,)])
 @pytest.mark.parametrize("kind", ["layer_norm", "add_layer_norm", "rms_norm"])
-@pytest.mark.parametrize("given", ["no weight", "weight", "weight and bias"])
+@pytest.mark.parametrize("given", ["no weight", "weight", "weight and bias",
+                                   "weight and bias of x's dtype"])
 def test_matches_the_general_path(rng, dtype, shape, kind, given):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
     residual = rng.standard_normal(shape).astype(dtype) if kind == "add_layer_norm" else None
     D, centered = shape[-1], kind != "rms_norm"
-    w = rng.standard_normal(D).astype(compute(dtype)) if given != "no weight" else None
-    b = rng.standard_normal(D).astype(compute(dtype)) if given == "weight and bias" else None
+    pdtype = dtype if given.endswith("x's dtype") else compute(dtype)
+    w = rng.standard_normal(D).astype(pdtype) if given != "no weight" else None
+    b = rng.standard_normal(D).astype(pdtype) if given.startswith("weight and bias") else None
     for stats in (False, True):
         got = _kernels.forward_common(x, residual, w, b, 1e-5, centered, stats)
         assert got is not None
@@ -53,13 +55,14 @@ def test_matches_the_general_path(rng, dtype, shape, kind, given):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 4097), (64, 768), (300, 256), (5,)])
 @pytest.mark.parametrize("kind", ["layer_norm", "add_layer_norm", "rms_norm"])
-@pytest.mark.parametrize("weight", [False, True])
+@pytest.mark.parametrize("weight", ["none", "compute dtype", "x's dtype"])
 def test_backward_matches_the_general_path(rng, dtype, shape, kind, weight):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)
     dz = rng.standard_normal(shape).astype(dtype) if kind == "add_layer_norm" else None
     D, centered = shape[-1], kind != "rms_norm"
-    w = rng.standard_normal(D).astype(compute(dtype)) if weight else None
+    pdtype = dtype if weight == "x's dtype" else compute(dtype)
+    w = rng.standard_normal(D).astype(pdtype) if weight != "none" else None
     _, _, mean, rstd = general(x, None, w, None, 1e-5, centered, True)
     got = _kernels.backward_common(dy, x, mean, rstd, w, dz, centered)
     assert got is not None
@@ -134,8 +137,9 @@ def uncommon_calls():
         ("residual a list", x, x.tolist(), w, w, 1e-5),
         ("weight float64 for float32 x", x, None, w.astype(np.float64), None, 1e-5),
         ("weight float32 for float64 x", x.astype(np.float64), None, w, None, 1e-5),
-        ("weight float16 for float16 x", x.astype(np.float16), None, w.astype(np.float16), None,
+        ("weight bfloat16 for float16 x", x.astype(np.float16), None, w.astype(BF16), None,
          1e-5),
+        ("bias float16 for bfloat16 x", x.astype(BF16), None, None, w.astype(np.float16), 1e-5),
         ("weight 2-D", x, None, w.reshape(1, 8), None, 1e-5),
         ("weight too short", x, None, w[:7], None, 1e-5),
         ("weight strided", x, None, np.ones(16, np.float32)[::2], None, 1e-5),
@@ -157,8 +161,7 @@ def test_declines_every_other_call(what, x, residual, weight, bias, eps):
 
 VALID_UNCOMMON = ("x a subclass", "x strided", "x Fortran-ordered", "x misaligned",
                   "eps an int", "eps a NumPy float", "residual strided",
-                  "weight float32 for float64 x", "weight float16 for float16 x",
-                  "weight strided")
+                  "weight float32 for float64 x", "weight strided")
 
 
 def made_common(a, dtype):
@@ -208,7 +211,7 @@ def uncommon_backward_calls():
         ("rstd strided", x, x, s, np.ones(8, np.float32)[::2], w, None),
         ("rstd a list", x, x, s, s.tolist(), w, None),
         ("weight float64 for float32 x", x, x, s, s, w.astype(np.float64), None),
-        ("weight float16 for float16 x", x.astype(np.float16), x.astype(np.float16), s, s,
+        ("weight float16 for bfloat16 x", x.astype(BF16), x.astype(BF16), s, s,
          w.astype(np.float16), None),
         ("weight too long", x, x, s, s, np.ones(9, np.float32), None),
     ]

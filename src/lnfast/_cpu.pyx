@@ -933,6 +933,27 @@ cdef inline bint plain_vector(object a, int typenum, cnp.npy_intp D):
     return a is None or plain_shaped(a, typenum, 1, &D)
 
 
+cdef inline bint plain_param(object p, int t, int ct, cnp.npy_intp D):
+    """weight or bias `p` is None or a plain vector of length D, of the
+    compute type ct or of the data's type t."""
+    return plain_vector(p, ct, D) or plain_vector(p, t, D)
+
+
+cdef object compute_vector(object p, double value, cnp.npy_intp D, int ct):
+    """The vector of the compute type ct the kernels read for weight or
+    bias `p` (a plain_param): p itself, the stand-in of `value` for None,
+    or a 16-bit p widened (exactly, as lnfast._kernels does)."""
+    cdef RowMap m
+    if p is None:
+        return constant(value, D, ct)
+    if cnp.PyArray_TYPE(<cnp.ndarray>p) == ct:
+        return p
+    v = cnp.PyArray_EMPTY(1, &D, cnp.NPY_FLOAT32, 0)
+    rowmap_init(&m, p)
+    load_row[float](&m, 0, D, <float*>cnp.PyArray_DATA(v))
+    return v
+
+
 cdef inline int compute_typenum(int t):
     """The compute type of data of type t, or -1 for types not common."""
     if t == cnp.NPY_FLOAT64:
@@ -990,8 +1011,8 @@ def forward_common(threads_for, x, residual, weight, bias, eps, bint centered,
                    bint stats):
     """lnfast._kernels.forward for the common call: x (and residual, of x's
     dtype and shape) NumPy arrays as `plain` says, with at least one row;
-    weight and bias None or such vectors of the compute dtype; eps a finite
-    float >= 0; no out.  Returns (y, z, mean, rstd) as forward does, mean
+    weight and bias None or such vectors of the compute dtype or x's; eps a
+    finite float >= 0; no out.  Returns (y, z, mean, rstd) as forward does, mean
     and rstd only when `stats` (mean only when centered), or None when the
     call is not of this kind.  threads_for: lnfast._threads.threads_for."""
     cdef double e
@@ -1008,10 +1029,10 @@ def forward_common(threads_for, x, residual, weight, bias, eps, bint centered,
         return None
     if residual is not None and not plain_shaped(residual, t, nd, dims):
         return None
-    if not (plain_vector(weight, ct, D) and plain_vector(bias, ct, D)):
+    if not (plain_param(weight, t, ct, D) and plain_param(bias, t, ct, D)):
         return None
-    w = weight if weight is not None else constant(1.0, D, ct)
-    b = bias if bias is not None else constant(0.0, D, ct) if centered else w
+    w = compute_vector(weight, 1.0, D, ct)
+    b = compute_vector(bias, 0.0, D, ct) if centered else w
     cdef size_t nbytes = cnp.PyArray_NBYTES(xa)
     cdef size_t stat_bytes = M * (8 if ct == cnp.NPY_FLOAT64 else 4)
     y = new_array(nd, dims, t, nbytes)
@@ -1028,7 +1049,7 @@ def backward_common(threads_for, Py_ssize_t min_parallel, num_chunks, dy, x, mea
     """lnfast._kernels.backward for the common call: dy and x (and dz) plain
     arrays of one dtype and shape, with at least one row; rstd (and mean,
     when centered) plain arrays of the compute dtype and shape x.shape[:-1];
-    weight None or a plain vector of the compute dtype.  Returns (dx,
+    weight None or a plain vector of the compute dtype or x's.  Returns (dx,
     dweight, dbias) as backward does, or None when the call is not of this
     kind.  threads_for(n, min_parallel) and num_chunks(M, D): those of
     lnfast._threads and lnfast._kernels."""
@@ -1043,14 +1064,15 @@ def backward_common(threads_for, Py_ssize_t min_parallel, num_chunks, dy, x, mea
     if not (plain_shaped(dy, t, nd, dims) and (dz is None or plain_shaped(dz, t, nd, dims))
             and plain_shaped(rstd, ct, nd - 1, dims)
             and (not centered or plain_shaped(mean, ct, nd - 1, dims))
-            and plain_vector(weight, ct, D)):
+            and plain_param(weight, t, ct, D)):
         return None
-    w = weight if weight is not None else constant(1.0, D, ct)
+    w = compute_vector(weight, 1.0, D, ct)
     nchunks = num_chunks(M, D)
     dx = new_array(nd, dims, t, cnp.PyArray_NBYTES(xa))
     cdef cnp.npy_intp rows_of_grads[2]
     rows_of_grads[0], rows_of_grads[1] = 2, D
-    dwdb = cnp.PyArray_EMPTY(2, rows_of_grads, ct, 0)
+    dwdb = cnp.PyArray_EMPTY(2, rows_of_grads,             # in the weight's dtype
+                             ct if weight is None else cnp.PyArray_TYPE(<cnp.ndarray>weight), 0)
     run_backward(dy, xa, dz, mean if centered else None, rstd, w, dx, dwdb, nchunks,
                  centered, min(<Py_ssize_t>threads_for(M * D, min_parallel), nchunks))
     return dx, dwdb[0], dwdb[1]
