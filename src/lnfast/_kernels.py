@@ -119,9 +119,10 @@ def num_chunks(M, D):
 
 
 # The common call (NumPy arrays, contiguous data, weight and bias None or of
-# the compute dtype, a float eps, no out=) runs unchecked by Python, in one
-# Cython function that recognises it and returns what forward or backward
-# would, or None for any other call, which then takes the general path:
+# x's or the compute dtype, a float eps, no out=; docs/api.md) runs
+# unchecked by Python, in one Cython function that recognises it and returns
+# what forward or backward would, or None for any other call, which then
+# takes the general path:
 #   forward_common(x, residual, weight, bias, eps, centered, stats)
 #       -> (y, z, mean, rstd), mean and rstd only when `stats`
 #   backward_common(dy, x, mean, rstd, weight, dz, centered)
