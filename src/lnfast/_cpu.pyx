@@ -963,6 +963,17 @@ cdef inline int compute_typenum(int t):
     return -1
 
 
+cdef inline bint common_rows(object x, int* t, int* ct):
+    """x is a plain array of a float type with at least one axis and one
+    row; sets t to its type and ct to its compute type."""
+    if type(x) is not cnp.ndarray:
+        return False
+    t[0] = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    ct[0] = compute_typenum(t[0])
+    return (ct[0] >= 0 and cnp.PyArray_NDIM(<cnp.ndarray>x) > 0 and plain(x, t[0])
+            and cnp.PyArray_SIZE(<cnp.ndarray>x) > 0)
+
+
 cdef object new_array(int nd, cnp.npy_intp* dims, int typenum, size_t nbytes):
     """numpy.empty, drawing large buffers from the cache (as `empty`)."""
     if nbytes < LNF_POOL_MIN:
@@ -1016,12 +1027,11 @@ def forward_common(threads_for, x, residual, weight, bias, eps, bint centered,
     and rstd only when `stats` (mean only when centered), or None when the
     call is not of this kind.  threads_for: lnfast._threads.threads_for."""
     cdef double e
-    if type(x) is not cnp.ndarray or type(eps) is not float:
+    cdef int t, ct
+    if type(eps) is not float or not common_rows(x, &t, &ct):
         return None
     cdef cnp.ndarray xa = x
-    cdef int t = cnp.PyArray_TYPE(xa), ct = compute_typenum(t), nd = cnp.PyArray_NDIM(xa)
-    if ct < 0 or nd == 0 or not plain(xa, t) or cnp.PyArray_SIZE(xa) == 0:
-        return None
+    cdef int nd = cnp.PyArray_NDIM(xa)
     cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(xa)
     cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(xa) // D
     e = eps
@@ -1053,12 +1063,11 @@ def backward_common(threads_for, Py_ssize_t min_parallel, num_chunks, dy, x, mea
     dweight, dbias) as backward does, or None when the call is not of this
     kind.  threads_for(n, min_parallel) and num_chunks(M, D): those of
     lnfast._threads and lnfast._kernels."""
-    if type(x) is not cnp.ndarray:
+    cdef int t, ct
+    if not common_rows(x, &t, &ct):
         return None
     cdef cnp.ndarray xa = x
-    cdef int t = cnp.PyArray_TYPE(xa), ct = compute_typenum(t), nd = cnp.PyArray_NDIM(xa)
-    if ct < 0 or nd == 0 or not plain(xa, t) or cnp.PyArray_SIZE(xa) == 0:
-        return None
+    cdef int nd = cnp.PyArray_NDIM(xa)
     cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(xa)
     cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(xa) // D
     if not (plain_shaped(dy, t, nd, dims) and (dz is None or plain_shaped(dz, t, nd, dims))
