@@ -939,10 +939,11 @@ cdef inline bint plain_param(object p, int t, int ct, cnp.npy_intp D):
     return plain_vector(p, ct, D) or plain_vector(p, t, D)
 
 
-cdef object compute_vector(object p, double value, cnp.npy_intp D, int ct):
+cpdef object compute_vector(object p, double value, cnp.npy_intp D, int ct):
     """The vector of the compute type ct the kernels read for weight or
-    bias `p` (a plain_param): p itself, the stand-in of `value` for None,
-    or a 16-bit p widened (exactly, as lnfast._kernels does)."""
+    bias `p` (None, an aligned vector of type ct, or an aligned 16-bit
+    vector of any stride): p itself, the stand-in of `value` for None, or
+    p widened exactly.  Used by both paths (lnfast._kernels._vector)."""
     cdef RowMap m
     if p is None:
         return constant(value, D, ct)

@@ -63,12 +63,10 @@ def _aligned(a):
 
 
 def _vector(p, value, D, dtype):
-    if p is None:       # a read-only stand-in, kept for reuse
-        return _cpu.constant(value, D, dtype.num)
-    if p.dtype.itemsize == 2:       # 16-bit weights: F16C, not NumPy's scalar cast
-        v = np.empty(D, dtype)
-        _cpu.convert(_aligned(p), v)
-        return v
+    if p is None or p.dtype.itemsize == 2:
+        # a read-only stand-in kept for reuse, or 16-bit weights widened
+        # by F16C (not NumPy's scalar cast): as the one-step path does
+        return _cpu.compute_vector(None if p is None else _aligned(p), value, D, dtype.num)
     return _aligned(np.ascontiguousarray(p, dtype=dtype))
 
 
