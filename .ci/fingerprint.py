@@ -13,17 +13,21 @@ import lnfast
 
 rng = np.random.default_rng(7)
 h = hashlib.sha256()
-for D in (777, 100):     # full blocks and a tail; blocks, single vectors and a tail
-    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        x = rng.standard_normal((300, D)).astype(dt)
-        dy = rng.standard_normal(x.shape).astype(dt)
-        w = rng.standard_normal(D).astype(np.float32 if np.dtype(dt).itemsize == 2 else dt)
-        y, m, r = lnfast.layer_norm_forward(x, w, w)
-        outputs = (y, m, r, *lnfast.layer_norm_backward(dy, x, m, r, w),
-                   *lnfast.add_layer_norm_forward(x, dy, w, w),
-                   *lnfast.add_layer_norm_backward(dy, x, m, r, w, dz=y),
-                   *lnfast.rms_norm_forward(x, w),
-                   *lnfast.rms_norm_backward(dy, x, lnfast.rms_norm_forward(x, w)[1], w))
-        for a in outputs:
-            h.update(np.ascontiguousarray(a).tobytes())
+# full blocks and a tail; blocks, single vectors and a tail; then rows long
+# enough for streaming stores (float32 and float64, 8 MiB of rows)
+CASES = [(dt, 300, D) for D in (777, 100)
+         for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)]
+CASES += [(np.float32, 128, 16391), (np.float64, 128, 8195)]
+for dt, M, D in CASES:
+    x = rng.standard_normal((M, D)).astype(dt)
+    dy = rng.standard_normal(x.shape).astype(dt)
+    w = rng.standard_normal(D).astype(np.float32 if np.dtype(dt).itemsize == 2 else dt)
+    y, m, r = lnfast.layer_norm_forward(x, w, w)
+    outputs = (y, m, r, *lnfast.layer_norm_backward(dy, x, m, r, w),
+               *lnfast.add_layer_norm_forward(x, dy, w, w),
+               *lnfast.add_layer_norm_backward(dy, x, m, r, w, dz=y),
+               *lnfast.rms_norm_forward(x, w),
+               *lnfast.rms_norm_backward(dy, x, lnfast.rms_norm_forward(x, w)[1], w))
+    for a in outputs:
+        h.update(np.ascontiguousarray(a).tobytes())
 print(h.hexdigest())

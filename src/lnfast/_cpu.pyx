@@ -230,38 +230,39 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     void lnf_row_pipe_f32(const float* x, float* y, const float* w, const float* b,
                           float hi, float lo, float rs, const float* xn, const float* rn,
                           float* zn, int centered, double* s, Py_ssize_t n,
-                          const float* xf, const float* rf)
+                          const float* xf, const float* rf, int stream)
     void lnf_row_pipe_f64(const double* x, double* y, const double* w, const double* b,
                           double hi, double lo, double rs, const double* xn,
                           const double* rn, double* zn, int centered, double* s,
-                          Py_ssize_t n, const double* xf, const double* rf)
+                          Py_ssize_t n, const double* xf, const double* rf, int stream)
     void lnf_row_pipe_f16(const uint16_t* x, uint16_t* y, const float* w, const float* b,
                           float hi, float lo, float rs, const uint16_t* xn, const uint16_t* rn,
                           uint16_t* zn, int centered, double* s, Py_ssize_t n,
-                          const uint16_t* xf, const uint16_t* rf)
+                          const uint16_t* xf, const uint16_t* rf, int stream)
     void lnf_row_pipe_bf16(const uint16_t* x, uint16_t* y, const float* w, const float* b,
                            float hi, float lo, float rs, const uint16_t* xn,
                            const uint16_t* rn, uint16_t* zn, int centered, double* s,
-                           Py_ssize_t n, const uint16_t* xf, const uint16_t* rf)
+                           Py_ssize_t n, const uint16_t* xf, const uint16_t* rf,
+                           int stream)
     void lnf_row_grad_pipe_f32(const float* x, const float* dy, const float* dz, float* dx,
                                const float* k, float* dw, float* db, const float* xn,
                                const float* dyn, float mean_n, double* out, const float* w,
-                               Py_ssize_t n, const float* xf, const float* dyf)
+                               Py_ssize_t n, const float* xf, const float* dyf, int stream)
     void lnf_row_grad_pipe_f64(const double* x, const double* dy, const double* dz, double* dx,
                                const double* k, double* dw, double* db, const double* xn,
                                const double* dyn, double mean_n, double* out,
                                const double* w, Py_ssize_t n, const double* xf,
-                               const double* dyf)
+                               const double* dyf, int stream)
     void lnf_row_grad_pipe_f16(const uint16_t* x, const uint16_t* dy, const uint16_t* dz,
                                uint16_t* dx, const float* k, float* dw, float* db,
                                const uint16_t* xn, const uint16_t* dyn, float mean_n,
                                double* out, const float* w, Py_ssize_t n,
-                               const uint16_t* xf, const uint16_t* dyf)
+                               const uint16_t* xf, const uint16_t* dyf, int stream)
     void lnf_row_grad_pipe_bf16(const uint16_t* x, const uint16_t* dy, const uint16_t* dz,
                                 uint16_t* dx, const float* k, float* dw, float* db,
                                 const uint16_t* xn, const uint16_t* dyn, float mean_n,
                                 double* out, const float* w, Py_ssize_t n,
-                                const uint16_t* xf, const uint16_t* dyf)
+                                const uint16_t* xf, const uint16_t* dyf, int stream)
 
 
 cdef enum:     # per-thread scratch, in rows of D elements
@@ -315,54 +316,56 @@ ctypedef const void* crow      # a row in its storage type (see rowops.h)
 cdef inline void row_pipe(int storage, crow x, void* y, const real* w, const real* b,
                           real hi, real lo, real rs, crow xn, crow rn, void* zn,
                           double* s, Py_ssize_t D, bint centered, crow xf=NULL,
-                          crow rf=NULL) noexcept nogil:
+                          crow rf=NULL, bint stream=False) noexcept nogil:
     """rowops.h lnf_row_pipe on rows stored as `storage`: the map of row x
     into y (x NULL: none) and the sums s[0], s[1] of the next row xn (+ rn,
     stored to zn), shifted by s[2], its first value when centered (xn NULL:
-    none); xf, rf: the rows after xn and rn, to prefetch (or NULL)."""
+    none); xf, rf: the rows after xn and rn, to prefetch (or NULL); stream:
+    write y with streaming stores (STREAM_ROW_BYTES)."""
     if real is double:
         lnf_row_pipe_f64(<const double*>x, <double*>y, w, b, hi, lo, rs, <const double*>xn,
                          <const double*>rn, <double*>zn, centered, s, D, <const double*>xf,
-                         <const double*>rf)
+                         <const double*>rf, stream)
     elif storage == NATIVE:
         lnf_row_pipe_f32(<const float*>x, <float*>y, w, b, hi, lo, rs, <const float*>xn,
                          <const float*>rn, <float*>zn, centered, s, D, <const float*>xf,
-                         <const float*>rf)
+                         <const float*>rf, stream)
     elif storage == F16:
         lnf_row_pipe_f16(<const uint16_t*>x, <uint16_t*>y, w, b, hi, lo, rs,
                          <const uint16_t*>xn, <const uint16_t*>rn, <uint16_t*>zn, centered,
-                         s, D, <const uint16_t*>xf, <const uint16_t*>rf)
+                         s, D, <const uint16_t*>xf, <const uint16_t*>rf, stream)
     else:
         lnf_row_pipe_bf16(<const uint16_t*>x, <uint16_t*>y, w, b, hi, lo, rs,
                           <const uint16_t*>xn, <const uint16_t*>rn, <uint16_t*>zn, centered,
-                          s, D, <const uint16_t*>xf, <const uint16_t*>rf)
+                          s, D, <const uint16_t*>xf, <const uint16_t*>rf, stream)
 
 
 cdef inline void row_grad_pipe(int storage, crow x, crow dy, crow dz, void* dx,
                                const real* k, real* dw, real* db, crow xn, crow dyn,
                                real mean_n, double* s, const real* w, Py_ssize_t D,
-                               crow xf=NULL, crow dyf=NULL) noexcept nogil:
+                               crow xf=NULL, crow dyf=NULL, bint stream=False) noexcept nogil:
     """rowops.h lnf_row_grad_pipe on rows stored as `storage`: the map of
     row x (x NULL: none) and the sums s[0..2] of the next row xn (xn NULL:
-    none); xf, dyf: the rows after xn and dyn, to prefetch (or NULL)."""
+    none); xf, dyf: the rows after xn and dyn, to prefetch (or NULL);
+    stream: write dx with streaming stores (STREAM_ROW_BYTES)."""
     if real is double:
         lnf_row_grad_pipe_f64(<const double*>x, <const double*>dy, <const double*>dz,
                               <double*>dx, k, dw, db, <const double*>xn, <const double*>dyn,
-                              mean_n, s, w, D, <const double*>xf, <const double*>dyf)
+                              mean_n, s, w, D, <const double*>xf, <const double*>dyf, stream)
     elif storage == NATIVE:
         lnf_row_grad_pipe_f32(<const float*>x, <const float*>dy, <const float*>dz,
                               <float*>dx, k, dw, db, <const float*>xn, <const float*>dyn,
-                              mean_n, s, w, D, <const float*>xf, <const float*>dyf)
+                              mean_n, s, w, D, <const float*>xf, <const float*>dyf, stream)
     elif storage == F16:
         lnf_row_grad_pipe_f16(<const uint16_t*>x, <const uint16_t*>dy, <const uint16_t*>dz,
                               <uint16_t*>dx, k, dw, db, <const uint16_t*>xn,
                               <const uint16_t*>dyn, mean_n, s, w, D, <const uint16_t*>xf,
-                              <const uint16_t*>dyf)
+                              <const uint16_t*>dyf, stream)
     else:
         lnf_row_grad_pipe_bf16(<const uint16_t*>x, <const uint16_t*>dy, <const uint16_t*>dz,
                                <uint16_t*>dx, k, dw, db, <const uint16_t*>xn,
                                <const uint16_t*>dyn, mean_n, s, w, D, <const uint16_t*>xf,
-                               <const uint16_t*>dyf)
+                               <const uint16_t*>dyf, stream)
 
 
 cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint centered,
@@ -472,6 +475,7 @@ cdef struct Rows:
     RowMap dy, dz, dx           # backward: dx = dnorm(dy, x) [+ dz]
     bint has_res, has_dz, centered
     bint direct                 # all rows contiguous, in x's storage type
+    bint stream                 # write y or dx with streaming stores
     Py_ssize_t M, D
     double eps
     int nthreads
@@ -519,7 +523,8 @@ cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_
                      b if a.centered else NULL, k[0], k[1], k[2],
                      row_or_null(&a.x, r + 1, r1), row_or_null(&a.res, r + 1, r1, res),
                      row_or_null(&a.z, r + 1, r1, res), sn, D, a.centered,
-                     row_or_null(&a.x, r + 2, r1), row_or_null(&a.res, r + 2, r1, res))
+                     row_or_null(&a.x, r + 2, r1), row_or_null(&a.res, r + 2, r1, res),
+                     a.stream)
         else:
             forward_exact(a, w, b, r, k, buf)
             if r + 1 < r1:
@@ -644,7 +649,8 @@ cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                       row_or_null(&a.dz, r, r1, a.has_dz), row_ptr(&a.dx, r), k, g,
                       g + D if c else NULL, row_or_null(&a.x, r + 1, r1),
                       row_or_null(&a.dy, r + 1, r1), mean[r + 1] if c and r + 1 < r1 else 0,
-                      s, w, D, row_or_null(&a.x, r + 2, r1), row_or_null(&a.dy, r + 2, r1))
+                      s, w, D, row_or_null(&a.x, r + 2, r1), row_or_null(&a.dy, r + 2, r1),
+                      a.stream)
         end_of_run(g, dw, r - r0, r1 - r0, 2 * D if c else D)
 
 
@@ -786,9 +792,29 @@ cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
     a.eps = eps
     a.centered = centered
     a.nthreads = nthreads
-    a.has_res = a.has_dz = False
+    a.has_res = a.has_dz = a.stream = False
     rowmap_init(&a.x, x)
     return 0
+
+
+cdef enum:
+    # float32 and float64 outputs whose rows are this long or longer (and of
+    # STREAM_MIN_BYTES or more in all) are written with streaming stores,
+    # which bypass the caches.  A long output row written through the cache
+    # evicts from the L2 the rows the sweep still reads (the row it maps,
+    # read a second time, and the weight); streamed, those stay.  Measured
+    # side by side (performance.md): rows of 64 KiB or more 1.01-1.25x
+    # faster; rows of 16-32 KiB mixed (0.87-1.12x), of 3-4 KiB 0.63-0.72x
+    # (there the output stayed in the L3, streamed it goes to memory);
+    # 16-bit outputs 0.90-1.07x even at 64-128 KiB rows.
+    STREAM_ROW_BYTES = 1 << 16
+    STREAM_MIN_BYTES = 1 << 23
+
+
+cpdef bint streamed(Py_ssize_t D, Py_ssize_t itemsize, Py_ssize_t nbytes) noexcept:
+    """Whether an output of rows of D elements of `itemsize` bytes, `nbytes`
+    in all, is written with streaming stores (when its rows are direct)."""
+    return itemsize >= 4 and D * itemsize >= STREAM_ROW_BYTES and nbytes >= STREAM_MIN_BYTES
 
 
 cdef cnp.ndarray row_scratch(Rows* a, cnp.ndarray w, tuple arrays, int rows):
@@ -828,6 +854,7 @@ cdef int run_forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.nda
         rowmap_init(&a.res, residual)
         rowmap_init(&a.z, z)
     scratch = row_scratch(&a, w, (x, residual, z, y), FORWARD_SCRATCH)
+    a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(y), cnp.PyArray_NBYTES(y))
     if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
         forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
                             <float*>data_or_null(mean), <float*>data_or_null(rstd),
@@ -895,6 +922,7 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
         part = base
         base += stride * nchunks
     scratch = row_scratch(&a, w, (x, dy, dz, dx), BACKWARD_SCRATCH)
+    a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
     if f32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,

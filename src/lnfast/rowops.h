@@ -74,6 +74,36 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_MAPW 1
 #define LNF_STORESW(p, v) LNF_STORES(p, (v)[0])
 #endif
+/* The output stores of the maps: LNF_STORES/LNF_STORESW, or with `nt` set,
+ * streaming stores of the same bytes (16-byte pieces), which bypass the
+ * caches and need no read for ownership: for long rows, where the output
+ * row would push the rows still to be read out of the L2. */
+#if !LNF_STORAGE16
+#define LNF_PACK(v) (v)
+#define LNF_PACKW(v) ((v)[0])
+#else
+#define LNF_PACK(v) LNF_VNARROW(v)
+#ifdef LNF_VNARROW2
+#define LNF_PACKW(v) LNF_VNARROW2((v)[0], (v)[1])
+#else
+#define LNF_PACKW(v) LNF_VNARROW((v)[0])
+#endif
+#endif
+#if LNF_CAN_STREAM
+#define LNF_STREAM(p, h)                                                          \
+    do {                                                                          \
+        __typeof__(h) h_ = (h);                                                   \
+        lnf_vi128 q_[sizeof h_ / 16];                                             \
+        memcpy(q_, &h_, sizeof h_);                                               \
+        for (size_t k_ = 0; k_ < sizeof h_ / 16; k_++)                            \
+            _mm_stream_si128((__m128i *)(void *)(p) + k_, (__m128i)q_[k_]);       \
+    } while (0)
+#define LNF_OUT(p, v, nt) do { if (nt) LNF_STREAM(p, LNF_PACK(v)); else LNF_STORES(p, v); } while (0)
+#define LNF_OUTW(p, v, nt) do { if (nt) LNF_STREAM(p, LNF_PACKW(v)); else LNF_STORESW(p, v); } while (0)
+#else
+#define LNF_OUT(p, v, nt) LNF_STORES(p, v)
+#define LNF_OUTW(p, v, nt) LNF_STORESW(p, v)
+#endif
 /* acc[0], acc[1] (the float64 lanes) += s[0 .. LNF_NV), widened. */
 #if LNF_NV == 1
 #define LNF_ACC(acc, s)                                                       \
@@ -130,6 +160,8 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
  *
  * Doing both at once keeps memory busy: the next row streams in while this
  * one is written, rather than each row's read waiting on its own write.
+ * With `stream` set, y is written with streaming stores (LNF_OUT) where it
+ * starts on 16 bytes.
  * shift is the row's first element, so differences of close values are
  * exact; the caller redoes in float64 the rare rows whose squares could
  * overflow or underflow LNF_T.  Sums do not depend on whether a map ran
@@ -139,10 +171,15 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
                                               const LNF_T *__restrict b, LNF_T hi, LNF_T lo,
                                               LNF_T rs, const LNF_S *xn, const LNF_S *rn,
                                               LNF_S *zn, int centered, double *s,
-                                              ptrdiff_t n, const LNF_S *xf, const LNF_S *rf)
+                                              ptrdiff_t n, const LNF_S *xf, const LNF_S *rf,
+                                              int stream)
 {
     double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0}, t1 = 0.0, t2 = 0.0;
     ptrdiff_t i = 0;
+    /* streaming stores: 16-bit outputs never (STREAM_ROW_BYTES in _cpu.pyx) */
+    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
+                   && (uintptr_t)y % 16 == 0;
+    (void)nt;   /* (unused by the plain C loops) */
     LNF_T shift = 0;
 #define LNF_MAP1(j)                                                                   \
     LNF_PUT(y, j, b != NULL ? ((LNF_GET(x, j) - hi) - lo) * rs * w[j] + b[j]          \
@@ -162,7 +199,7 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
         LNF_VT xv_ = LNF_LOADS(x + (j)), wv_ = LNF_LOAD(w + (j));                  \
         b != NULL ? ((xv_ - vhi) - vlo) * vrs * wv_ + LNF_LOAD(b + (j)) : xv_ * vrs * wv_; \
     })
-#define LNF_MAP(j) LNF_STORES(y + (j), LNF_MAPV(j))
+#define LNF_MAP(j) LNF_OUT(y + (j), LNF_MAPV(j), nt)
 #define LNF_NEXT(j)                                                                \
     ({                                                                             \
         LNF_VT v_ = LNF_LOADS(xn + (j));                                           \
@@ -172,16 +209,25 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
         }                                                                          \
         v_ - sh;                                                                   \
     })
+    /* The map of a step, streamed (NT) or not: two copies of the loop, so
+     * that the common one is the loop without the test. */
+#define LNF_MAPSTEP(NT)                                                            \
+    for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_LINE) {            \
+        LNF_VT yv[LNF_MAPW];                                                       \
+        if ((j - i) % LNF_LANES == 0 && !(NT))                                     \
+            LNF_PREFETCH_OUT(y, j);                                                \
+        for (int v = 0; v < LNF_MAPW; v++)                                         \
+            yv[v] = LNF_MAPV(j + v * LNF_LINE);                                    \
+        LNF_OUTW(y + j, yv, NT);                                                   \
+    }
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
-        if (x != NULL)
-            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_LINE) {
-                LNF_VT yv[LNF_MAPW];
-                if ((j - i) % LNF_LANES == 0)
-                    LNF_PREFETCH_OUT(y, j);
-                for (int v = 0; v < LNF_MAPW; v++)
-                    yv[v] = LNF_MAPV(j + v * LNF_LINE);
-                LNF_STORESW(y + j, yv);
+        if (x != NULL) {
+            if (__builtin_expect(nt, 0)) {
+                LNF_MAPSTEP(1);
+            } else {
+                LNF_MAPSTEP(0);
             }
+        }
         if (xn != NULL) {
             LNF_AHEAD(xn, xf, i, n);
             if (rn != NULL) {
@@ -218,6 +264,7 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     }
 #undef LNF_MAP
 #undef LNF_MAPV
+#undef LNF_MAPSTEP
 #undef LNF_NEXT
     LNF_SPILL(s1, a), LNF_SPILL(s2, c);
 #else
@@ -253,6 +300,10 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     }
 #undef LNF_MAP1
 #undef LNF_NEXT1
+#if LNF_CAN_STREAM
+    if (nt)
+        _mm_sfence();   /* streaming stores are weakly ordered */
+#endif
     if (xn != NULL) {
         s[0] = lnf_fold(s1) + t1;
         s[1] = lnf_fold(s2) + t2;
@@ -272,7 +323,8 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
  *   float64 rows every few rows (_cpu.pyx, RUN_ROWS).
  * - the sums of the next row (xn != NULL), every term in LNF_T with
  *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
- *   float64 lanes fed in blocks. */
+ *   float64 lanes fed in blocks.
+ * With `stream` set, dx is written with streaming stores, as y above. */
 LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
                                                    const LNF_S *dz, LNF_S *dx,
                                                    const LNF_T *k, LNF_T *__restrict dw,
@@ -280,10 +332,14 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
                                                    const LNF_S *dyn, LNF_T mean_n,
                                                    double *out, const LNF_T *__restrict w,
                                                    ptrdiff_t n, const LNF_S *xf,
-                                                   const LNF_S *dyf)
+                                                   const LNF_S *dyf, int stream)
 {
     double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
     double td = 0.0, tg = 0.0, tgd = 0.0;
+    /* streaming stores: 16-bit outputs never (STREAM_ROW_BYTES in _cpu.pyx) */
+    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
+                   && (uintptr_t)dx % 16 == 0;
+    (void)nt;   /* (unused by the plain C loops) */
     LNF_T k0 = 0, k1 = 0, k2 = 0, k3 = 0, k4 = 0;
     if (x != NULL)
         k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3], k4 = k[4];
@@ -304,8 +360,8 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
     const LNF_VT m = LNF_SPLAT(mean_n), km0 = LNF_SPLAT(k0), km1 = LNF_SPLAT(k1),
                  km2 = LNF_SPLAT(k2), km3 = LNF_SPLAT(k3), km4 = LNF_SPLAT(k4);
     LNF_ZERO(a), LNF_ZERO(b), LNF_ZERO(c);
-    /* The map of LNF_LANES elements from j. */
-#define LNF_MAP(j)                                                                \
+    /* The map of LNF_LANES elements from j, dx streamed when NT. */
+#define LNF_MAP(j, NT)                                                            \
     do {                                                                          \
         LNF_VT t_[LNF_NV], dyv_[LNF_NV];                                          \
         for (int v_ = 0; v_ < LNF_NV; v_++) {                                     \
@@ -315,7 +371,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
             LNF_VT dxv = km2 * ((dyv * LNF_LOAD(w + e_) - km3) - xh * km4);       \
             if (dz != NULL)                                                       \
                 dxv += LNF_LOADS(dz + e_);                                        \
-            LNF_STORES(dx + e_, dxv);                                             \
+            LNF_OUT(dx + e_, dxv, NT);                                            \
             t_[v_] = dyv * xh, dyv_[v_] = dyv;                                    \
         }                                                                         \
         LNF_ACC_MEM(dw + (j), t_);                                                \
@@ -326,11 +382,17 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
     LNF_VT d = LNF_LOADS(xn + (j)) - m, g = LNF_LOADS(dyn + (j)) * LNF_LOAD(w + (j)), \
            gd = g * d
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
-        if (x != NULL)
-            for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES) {
-                LNF_PREFETCH_OUT(dx, j);
-                LNF_MAP(j);
+        if (x != NULL) {
+            if (__builtin_expect(nt, 0)) {
+                for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES)
+                    LNF_MAP(j, 1);
+            } else {
+                for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES) {
+                    LNF_PREFETCH_OUT(dx, j);
+                    LNF_MAP(j, 0);
+                }
             }
+        }
         if (xn != NULL) {
             LNF_AHEAD(xn, xf, i, n);
             LNF_AHEAD(dyn, dyf, i, n);
@@ -352,7 +414,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
     }
     for (; i + LNF_LANES <= n; i += LNF_LANES) {
         if (x != NULL)
-            LNF_MAP(i);
+            LNF_MAP(i, nt);
         if (xn != NULL) {
             LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
@@ -401,6 +463,10 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
     }
 #undef LNF_MAP1
 #undef LNF_TERMS1
+#if LNF_CAN_STREAM
+    if (nt)
+        _mm_sfence();
+#endif
     if (xn != NULL) {
         out[0] = lnf_fold(sd) + td;
         out[1] = lnf_fold(sg) + tg;
@@ -412,6 +478,11 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_LOADS
 #undef LNF_STORES
 #undef LNF_STORESW
+#undef LNF_PACK
+#undef LNF_PACKW
+#undef LNF_STREAM
+#undef LNF_OUT
+#undef LNF_OUTW
 #undef LNF_MAPW
 #undef LNF_ROUND
 #undef LNF_GET

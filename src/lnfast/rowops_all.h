@@ -59,6 +59,17 @@ typedef uint16_t lnf_vu16x32 __attribute__((vector_size(64))); /* 32 of them */
 #define LNF_HAVE_DISPATCH 0
 #endif
 
+/* Streaming (non-temporal) stores of the sweeps' outputs, for long rows
+ * (the drivers decide, _cpu.pyx STREAM_ROW_BYTES): SSE2's, part of every
+ * x86-64 CPU, 16 bytes at a time; plain stores elsewhere. */
+#if LNF_VECTOR && (defined(__x86_64__) || defined(_M_X64))
+#include <emmintrin.h>
+#define LNF_CAN_STREAM 1
+typedef long long lnf_vi128 __attribute__((vector_size(16)));
+#else
+#define LNF_CAN_STREAM 0
+#endif
+
 /* How far ahead of its reads a sweep prefetches the row it sums, running
  * on into the row after it: the hardware prefetchers stop at each 4 KiB
  * page, which is every row for D = 1024 float32. */
@@ -240,20 +251,20 @@ static inline const char *lnf_simd_runtime(void)
                                     const float *b, float hi, float lo, float rs,            \
                                     const uint16_t *xn, const uint16_t *rn, uint16_t *zn,    \
                                     int centered, double *s, ptrdiff_t n,                    \
-                                    const uint16_t *xf, const uint16_t *rf)                  \
+                                    const uint16_t *xf, const uint16_t *rf, int stream)      \
     {                                                                                        \
         LNF_PICK(lnf_row_pipe, kind, f16c, x, y, w, b, hi, lo, rs, xn, rn, zn, centered, s, \
-                 n, xf, rf);                                                                 \
+                 n, xf, rf, stream);                                                         \
     }                                                                                        \
     static void lnf_row_grad_pipe_##kind(const uint16_t *x, const uint16_t *dy,              \
                                          const uint16_t *dz, uint16_t *dx, const float *k,   \
                                          float *dw, float *db, const uint16_t *xn,           \
                                          const uint16_t *dyn, float mean_n, double *out,     \
                                          const float *w, ptrdiff_t n, const uint16_t *xf,    \
-                                         const uint16_t *dyf)                                \
+                                         const uint16_t *dyf, int stream)                    \
     {                                                                                        \
         LNF_PICK(lnf_row_grad_pipe, kind, f16c, x, dy, dz, dx, k, dw, db, xn, dyn, mean_n,  \
-                 out, w, n, xf, dyf);                                                        \
+                 out, w, n, xf, dyf, stream);                                                \
     }
 LNF_DEFINE_PICKED_SWEEPS(f16, 1)
 LNF_DEFINE_PICKED_SWEEPS(bf16, 0)
