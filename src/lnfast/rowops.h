@@ -77,29 +77,19 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 /* The output stores of the maps: LNF_STORES/LNF_STORESW, or with `nt` set,
  * streaming stores of the same bytes (16-byte pieces), which bypass the
  * caches and need no read for ownership: for long rows, where the output
- * row would push the rows still to be read out of the L2. */
-#if !LNF_STORAGE16
-#define LNF_PACK(v) (v)
-#define LNF_PACKW(v) ((v)[0])
-#else
-#define LNF_PACK(v) LNF_VNARROW(v)
-#ifdef LNF_VNARROW2
-#define LNF_PACKW(v) LNF_VNARROW2((v)[0], (v)[1])
-#else
-#define LNF_PACKW(v) LNF_VNARROW((v)[0])
-#endif
-#endif
-#if LNF_CAN_STREAM
-#define LNF_STREAM(p, h)                                                          \
+ * row would push the rows still to be read out of the L2.  float32 and
+ * float64 outputs only (STREAM_ROW_BYTES in _cpu.pyx). */
+#if LNF_CAN_STREAM && !LNF_STORAGE16
+#define LNF_STREAM(p, v)                                                          \
     do {                                                                          \
-        __typeof__(h) h_ = (h);                                                   \
-        lnf_vi128 q_[sizeof h_ / 16];                                             \
-        memcpy(q_, &h_, sizeof h_);                                               \
-        for (size_t k_ = 0; k_ < sizeof h_ / 16; k_++)                            \
+        LNF_VT v_ = (v);                                                          \
+        lnf_vi128 q_[sizeof v_ / 16];                                             \
+        memcpy(q_, &v_, sizeof v_);                                               \
+        for (size_t k_ = 0; k_ < sizeof v_ / 16; k_++)                            \
             _mm_stream_si128((__m128i *)(void *)(p) + k_, (__m128i)q_[k_]);       \
     } while (0)
-#define LNF_OUT(p, v, nt) do { if (nt) LNF_STREAM(p, LNF_PACK(v)); else LNF_STORES(p, v); } while (0)
-#define LNF_OUTW(p, v, nt) do { if (nt) LNF_STREAM(p, LNF_PACKW(v)); else LNF_STORESW(p, v); } while (0)
+#define LNF_OUT(p, v, nt) do { if (nt) LNF_STREAM(p, v); else LNF_STORES(p, v); } while (0)
+#define LNF_OUTW(p, v, nt) LNF_OUT(p, (v)[0], nt)    /* (LNF_MAPW is 1) */
 #else
 #define LNF_OUT(p, v, nt) LNF_STORES(p, v)
 #define LNF_OUTW(p, v, nt) LNF_STORESW(p, v)
@@ -176,7 +166,6 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
 {
     double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0}, t1 = 0.0, t2 = 0.0;
     ptrdiff_t i = 0;
-    /* streaming stores: 16-bit outputs never (STREAM_ROW_BYTES in _cpu.pyx) */
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
                    && (uintptr_t)y % 16 == 0;
     (void)nt;   /* (unused by the plain C loops) */
@@ -336,7 +325,6 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 {
     double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
     double td = 0.0, tg = 0.0, tgd = 0.0;
-    /* streaming stores: 16-bit outputs never (STREAM_ROW_BYTES in _cpu.pyx) */
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
                    && (uintptr_t)dx % 16 == 0;
     (void)nt;   /* (unused by the plain C loops) */
@@ -478,8 +466,6 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_LOADS
 #undef LNF_STORES
 #undef LNF_STORESW
-#undef LNF_PACK
-#undef LNF_PACKW
 #undef LNF_STREAM
 #undef LNF_OUT
 #undef LNF_OUTW
