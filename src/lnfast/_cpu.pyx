@@ -803,8 +803,9 @@ cdef enum:
     # which bypass the caches.  A long output row written through the cache
     # evicts from the L2 the rows the sweep still reads (the row it maps,
     # read a second time, and the weight); streamed, those stay.  Measured
-    # side by side (performance.md): rows of 64 KiB or more 1.01-1.25x
-    # faster; rows of 16-32 KiB mixed (0.87-1.12x), of 3-4 KiB 0.63-0.72x
+    # side by side (performance.md): rows of 64 KiB or more 1.10-1.23x
+    # faster backward, 0.94-1.22x forward (1.08-1.22x at D = 65536); rows
+    # of 16-32 KiB mixed (0.87-1.12x), of 3-4 KiB 0.63-0.72x
     # (there the output stayed in the L3, streamed it goes to memory);
     # 16-bit outputs 0.90-1.07x even at 64-128 KiB rows.
     STREAM_ROW_BYTES = 1 << 16
