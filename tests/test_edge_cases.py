@@ -101,13 +101,13 @@ def test_bfloat16_gradients_are_rounded_once():
     assert _cpu.round_to_16bit(np.array([exact]), True).view(bf16)[0] == 1.0078125
 
 
-@pytest.mark.parametrize("M", [1, 15, 16, 17, 300, 5000])
-def test_float32_gradient_sums_run_in_float32_then_float64(rng, M):
+@pytest.mark.parametrize("M,D", [(1, 5), (15, 5), (16, 5), (17, 5), (300, 5), (5000, 5),
+                                 (40, 4096)])
+def test_float32_gradient_sums_run_in_float32_then_float64(rng, M, D):
     # float32 dweight/dbias terms are summed in float32 over runs of 16 rows
     # counted from each chunk's first row; the runs are added in float64, in
     # row order within a chunk, then the chunks in order.  dbias's terms are
     # dy itself, so its float64 sum can be rebuilt bit for bit.
-    D = 5
     x = rng.standard_normal((M, D)).astype(np.float32)
     dy = (rng.standard_normal((M, D)) * 10.0 ** rng.integers(-3, 4, (M, 1))).astype(np.float32)
     _, mean, rstd = lnfast.layer_norm_forward(x)
@@ -125,6 +125,32 @@ def test_float32_gradient_sums_run_in_float32_then_float64(rng, M):
             part += run
         total += part
     assert np.array_equal(sums[1], total)
+
+
+@pytest.mark.parametrize("M,D,chunks", [
+    # at least 64 rows a chunk, at most 64 chunks and 16 MiB of partial rows
+    (1, 5, 1), (64, 5, 1), (65, 5, 2), (128, 5, 2), (300, 5, 5), (5000, 5, 64),
+    (1024, 65536, 16),
+    # fewer rows: two chunks from 32 rows and 2**17 elements
+    (32, 4096, 2), (64, 2048, 2), (31, 65536, 1), (32, 4095, 1), (64, 1024, 1)])
+def test_backward_chunk_counts(M, D, chunks):
+    assert _kernels.num_chunks(M, D) == chunks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_chunks_without_rows_add_nothing(rng, dtype):
+    # (only the internal entry point can ask for more chunks than rows)
+    M, D = 3, 40
+    x, dy = rng.standard_normal((2, M, D)).astype(dtype)
+    _, mean, rstd = lnfast.layer_norm_forward(x)
+    want = lnfast.layer_norm_backward(dy, x, mean, rstd)
+    for nchunks in (M, M + 5):
+        for n in range(700, 900):       # (freed memory that the partial rows may reuse)
+            np.full(n, np.nan)
+        dwdb = np.full((2, D), np.nan, dtype)
+        _cpu.backward(dy, x, None, mean, rstd, np.ones(D, dtype), np.empty_like(x), dwdb,
+                      nchunks, True, 2)
+        np.testing.assert_allclose(dwdb, want[1:], rtol=1e-6, atol=1e-6)
 
 
 def test_gradient_rows_in_place_or_aligned_give_the_same_bytes(rng):

@@ -62,7 +62,7 @@ def all_results(x, w, b, dy):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
-@pytest.mark.parametrize("shape", [(2000, 64), (300, 1000), (7, 5000)])
+@pytest.mark.parametrize("shape", [(2000, 64), (300, 1000), (7, 5000), (40, 4096)])
 def test_bitwise_identical_for_any_thread_count(rng, dtype, shape):
     x = rng.standard_normal(shape).astype(dtype)
     wdtype = np.float32 if np.dtype(dtype).itemsize == 2 else dtype

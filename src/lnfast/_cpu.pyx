@@ -223,8 +223,9 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     uint16_t lnf_f32_to_bf16(float v)
     uint16_t lnf_f32_to_f16(float v)
     float lnf_f64_to_f32_odd(double v)
+    void lnf_f64_to_f32_odd_row(const double* src, float* dst, Py_ssize_t n)
     int lnf_has_f16c()
-    void lnf_add_run(double* dw, float* g, Py_ssize_t n)
+    void lnf_add_run(double* dw, float* g, Py_ssize_t n, int first)
     # Row sweeps (rowops.h), one per storage type; f16/bf16 rows are
     # uint16_t bits computed in float32.
     void lnf_row_pipe_f32(const float* x, float* y, const float* w, const float* b,
@@ -619,9 +620,10 @@ cdef enum:
 cdef inline void end_of_run(real* g, double* dw, Py_ssize_t i, Py_ssize_t n,
                             Py_ssize_t width) noexcept nogil:
     """After the i-th of a chunk's n rows (from 0): add a full or final run
-    of float32 sums g into dw (and zero g).  float64 sums are in dw itself."""
+    of float32 sums g into dw (and zero g), the first run setting dw.
+    float64 sums are in dw itself."""
     if real is float and (i % RUN_ROWS == RUN_ROWS - 1 or i == n - 1):
-        lnf_add_run(dw, g, width)
+        lnf_add_run(dw, g, width, i < RUN_ROWS)
 
 
 cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
@@ -680,13 +682,14 @@ cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
 cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
                                 double* dw, real* g, real* buf) noexcept nogil:
-    """Rows r0..r1-1, their dweight/dbias terms summed into the zeroed
-    float64 partial rows dw[0:2D] in row order: directly when real is
-    double (g is dw), else through the float32 runs g[0:2D]."""
+    """Rows r0..r1-1, their dweight/dbias terms summed into the float64
+    partial rows dw[0:2D] (dw[0:D] for RMSNorm) in row order: directly when
+    real is double (g is dw), else through the float32 runs g[0:2D], which
+    are zero before and after (zeroed once per thread, zeroed by each run
+    added)."""
     cdef Py_ssize_t r
-    memset(dw, 0, 2 * a.D * sizeof(double))
-    if real is float:
-        memset(g, 0, 2 * a.D * sizeof(float))
+    if real is double or r0 >= r1:      # (an empty chunk adds no run)
+        memset(dw, 0, 2 * a.D * sizeof(double))
     if a.direct:
         backward_block(a, w, mean, rstd, r0, r1, dw, g, buf)
     else:
@@ -710,7 +713,8 @@ cdef inline void sum_partials(double* part, Py_ssize_t nchunks, Py_ssize_t width
     """out[j] = the sum of part[c, j] over chunks c = 0, 1, ... in that order
     (formed in part[0, j]), for j0 <= j < j1, rounded once to the output
     type `kind`: chunk-outer, so the inner loops are contiguous."""
-    cdef Py_ssize_t c, j
+    cdef Py_ssize_t c, j, n
+    cdef float odd[SUM_BLOCK]
     for c in range(1, nchunks):
         for j in range(j0, j1):
             part[j] += part[c * width + j]
@@ -719,12 +723,16 @@ cdef inline void sum_partials(double* part, Py_ssize_t nchunks, Py_ssize_t width
     elif kind == GRAD_F32:
         for j in range(j0, j1):
             (<float*>out)[j] = <float>part[j]
-    elif kind == GRAD_F16:
-        for j in range(j0, j1):
-            (<uint16_t*>out)[j] = lnf_f32_to_f16(lnf_f64_to_f32_odd(part[j]))
-    else:
-        for j in range(j0, j1):
-            (<uint16_t*>out)[j] = lnf_f32_to_bf16(lnf_f64_to_f32_odd(part[j]))
+    else:   # (through float32 rounded to odd: rounded once, as round_to_16bit)
+        j = j0
+        while j < j1:
+            n = min(<Py_ssize_t>SUM_BLOCK, j1 - j)
+            lnf_f64_to_f32_odd_row(part + j, odd, n)
+            if kind == GRAD_F16:
+                lnf_narrow_f16(odd, <char*>(<uint16_t*>out + j), 2, n)
+            else:
+                lnf_narrow_bf16(odd, <char*>(<uint16_t*>out + j), 2, n)
+            j += n
 
 
 cdef inline Py_ssize_t partial_stride(Py_ssize_t D) noexcept nogil:
@@ -750,11 +758,14 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible."""
     cdef Py_ssize_t c, k, M = a.M, D = a.D, stride = partial_stride(D)
-    cdef Py_ssize_t nblocks = (2 * D + SUM_BLOCK - 1) // SUM_BLOCK
+    cdef Py_ssize_t width = 2 * D if a.centered else D     # (RMSNorm: no dbias)
+    cdef Py_ssize_t nblocks = (width + SUM_BLOCK - 1) // SUM_BLOCK
     cdef real* buf = NULL
     cdef int t
     if a.nthreads == 1:     # (no OpenMP region, as in forward_rows)
         with nogil:
+            if real is float:
+                memset(run_rows(runs, NULL, 0, D), 0, 2 * D * sizeof(float))
             for c in range(nchunks):
                 backward_chunk(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
@@ -763,6 +774,8 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
         with nogil, parallel(num_threads=a.nthreads):
             t = omp_get_thread_num()
             buf = scratch + BACKWARD_SCRATCH * D * t if scratch != NULL else NULL
+            if real is float:
+                memset(run_rows(runs, NULL, t, D), 0, 2 * D * sizeof(float))
             for c in prange(nchunks, schedule='static'):
                 backward_chunk(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
@@ -771,11 +784,11 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
         return
     if a.nthreads == 1 or nblocks * nchunks <= 256:     # threads pay only when large
         with nogil:
-            sum_partials(partials, nchunks, stride, 0, 2 * D, dwdb, kind)
+            sum_partials(partials, nchunks, stride, 0, width, dwdb, kind)
         return
     for k in prange(nblocks, nogil=True, schedule='static', num_threads=a.nthreads):
         sum_partials(partials, nchunks, stride, k * SUM_BLOCK,
-                     min((k + 1) * SUM_BLOCK, 2 * D), dwdb, kind)
+                     min((k + 1) * SUM_BLOCK, width), dwdb, kind)
 
 
 # ---------------------------------------------------------------------------
@@ -922,6 +935,9 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     if not in_place:
         part = base
         base += stride * nchunks
+    if not centered:    # (RMSNorm sums no dbias: backward_rows)
+        memset(<char*>cnp.PyArray_DATA(dwdb) + cnp.PyArray_NBYTES(dwdb) // 2, 0,
+               cnp.PyArray_NBYTES(dwdb) // 2)
     scratch = row_scratch(&a, w, (x, dy, dz, dx), BACKWARD_SCRATCH)
     a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
     if f32:

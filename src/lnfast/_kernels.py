@@ -21,6 +21,12 @@ _MAX_LEAD = 32
 _MAX_CHUNKS = 64
 _MIN_ROWS_PER_CHUNK = 64
 _PARTIALS_BYTES = 16 << 20
+# Fewer rows than two such chunks are still cut in two when there are this
+# many rows and elements, so that two threads can share them (docs/
+# performance.md, "Few long rows").  Each chunk costs passes over partial
+# rows of D doubles: chunks of 8 rows cost one thread 9-19%.
+_SPLIT_MIN_ROWS = 32
+_SPLIT_MIN_ELEMENTS = 1 << 17
 
 
 def _cache_limit_from_env():
@@ -112,6 +118,8 @@ def _writes_safely(o, x, others):
 def num_chunks(M, D):
     """How many fixed row chunks the backward pass sums dweight/dbias over."""
     by_rows = -(-M // _MIN_ROWS_PER_CHUNK)
+    if by_rows == 1 and M >= _SPLIT_MIN_ROWS and M * D >= _SPLIT_MIN_ELEMENTS:
+        by_rows = 2
     by_bytes = max(1, _PARTIALS_BYTES // (16 * D))
     return max(1, min(_MAX_CHUNKS, by_rows, by_bytes))
 
