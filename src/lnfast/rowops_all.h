@@ -93,22 +93,16 @@ static inline double lnf_fold(double *s)
 
 /* dw[j] += g[j], then g[j] = 0, for j < n: the backward's float32 runs of
  * dweight/dbias terms added into its float64 partial rows (_cpu.pyx,
- * RUN_ROWS).  A chunk's first run sets dw instead (first != 0), so its
- * rows need no zeroing: g + 0.0 is 0.0 + g, signed zeros included.
+ * RUN_ROWS).  A chunk's first run (first != 0) adds to 0.0 instead of
+ * reading dw, so its rows need no zeroing.
  * Element by element: the same bits on every path. */
 LNF_DISPATCH static void lnf_add_run(double *__restrict dw, float *__restrict g, ptrdiff_t n,
                                      int first)
 {
-    if (first)
-        for (ptrdiff_t j = 0; j < n; j++) {
-            dw[j] = (double)g[j] + 0.0;
-            g[j] = 0.0f;
-        }
-    else
-        for (ptrdiff_t j = 0; j < n; j++) {
-            dw[j] += g[j];
-            g[j] = 0.0f;
-        }
+    for (ptrdiff_t j = 0; j < n; j++) {
+        dw[j] = (first ? 0.0 : dw[j]) + g[j];
+        g[j] = 0.0f;
+    }
 }
 
 /* The instruction set the dispatched row primitives run with here. */
