@@ -13,15 +13,19 @@ import lnfast
 
 rng = np.random.default_rng(7)
 h = hashlib.sha256()
+DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 # full blocks and a tail; blocks, single vectors and a tail; then rows long
-# enough for streaming stores (float32 and float64, 8 MiB of rows)
-CASES = [(dt, 300, D) for D in (777, 100)
-         for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)]
-CASES += [(np.float32, 128, 16391), (np.float64, 128, 8195)]
-for dt, M, D in CASES:
+# enough for streaming stores (float32 and float64, 8 MiB of rows); then few
+# rows (one float32 run of dweight/dbias terms), 16-bit weights included
+CASES = [(dt, 300, D, None) for D in (777, 100) for dt in DTYPES]
+CASES += [(np.float32, 128, 16391, None), (np.float64, 128, 8195, None)]
+CASES += [(dt, 7, 777, dt) for dt in DTYPES]
+for dt, M, D, wdt in CASES:
     x = rng.standard_normal((M, D)).astype(dt)
     dy = rng.standard_normal(x.shape).astype(dt)
-    w = rng.standard_normal(D).astype(np.float32 if np.dtype(dt).itemsize == 2 else dt)
+    if wdt is None:
+        wdt = np.float32 if np.dtype(dt).itemsize == 2 else dt
+    w = rng.standard_normal(D).astype(wdt)
     y, m, r = lnfast.layer_norm_forward(x, w, w)
     outputs = (y, m, r, *lnfast.layer_norm_backward(dy, x, m, r, w),
                *lnfast.add_layer_norm_forward(x, dy, w, w),

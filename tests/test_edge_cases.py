@@ -125,6 +125,8 @@ def test_float32_gradient_sums_run_in_float32_then_float64(rng, M, D):
             part += run
         total += part
     assert np.array_equal(sums[1], total)
+    _, _, db = lnfast.layer_norm_backward(dy, x, mean, rstd, np.ones(D, np.float32))
+    assert np.array_equal(db, total.astype(np.float32))     # rounded once
 
 
 @pytest.mark.parametrize("M,D,chunks", [

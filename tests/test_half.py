@@ -245,6 +245,35 @@ def test_16bit_weights_of_any_layout(rng, dtype):
                    for g, v in zip(got, want))
 
 
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_16bit_weights_act_as_their_float32_values(rng, dtype, threads, layout):
+    # Each thread widens 16-bit weight and bias for itself: y, z and dx have
+    # the bytes they have with the float32 weights of the same values, on
+    # one thread and on three, with weight and bias 16-bit or one of each.
+    lnfast.set_num_threads(threads)
+    x = rng.standard_normal((64, 4096)).astype(dtype)
+    r, dy = (rng.standard_normal(x.shape).astype(dtype) for _ in range(2))
+    if layout == "strided":
+        x, r, dy = (np.repeat(a, 2, axis=1)[:, ::2] for a in (x, r, dy))
+    w16, b16 = ((rng.standard_normal(4096) + 1).astype(dtype) for _ in range(2))
+    w32, b32 = w16.astype(np.float32), b16.astype(np.float32)
+
+    def outputs(w, b):
+        y, mean, rstd = lnfast.layer_norm_forward(x, w, b)
+        fused = lnfast.add_layer_norm_forward(x, r, w, b)
+        ry, rrstd = lnfast.rms_norm_forward(x, w)
+        return (y, lnfast.layer_norm_backward(dy, x, mean, rstd, w)[0],
+                *fused[:2], lnfast.add_layer_norm_backward(dy, fused[1], *fused[2:], w, dz=dy)[0],
+                ry, lnfast.rms_norm_backward(dy, x, rrstd, w)[0])
+
+    want = outputs(w32, b32)
+    for w, b in ((w16, b16), (w16, b32), (w32, b16)):
+        for g, v in zip(outputs(w, b), want):
+            assert g.view(np.uint16).tobytes() == v.view(np.uint16).tobytes()
+
+
 def test_overflow_gives_inf_in_that_row_only():
     x = np.tile(np.array([1, -1], np.float16), (3, 32))    # xhat = +-1 everywhere
     x[1, 0] = 40                                  # row 1: one xhat near 7.9
@@ -321,10 +350,12 @@ def test_gradients_round_once(rng, dtype):
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)
 @pytest.mark.parametrize("wkind", ["same", "float32"])
-def test_dweight_dbias_are_the_rounded_float64_sums(rng, dtype, wkind):
+@pytest.mark.parametrize("M", [1, 16, 300])
+def test_dweight_dbias_are_the_rounded_float64_sums(rng, dtype, wkind, M):
     # dweight/dbias come back as the kernel's float64 sums (asked for with a
-    # float64 output) rounded once to the weight's dtype, bit for bit.
-    x, w, _ = make(rng, (300, 77), dtype, np.float32)
+    # float64 output) rounded once to the weight's dtype, bit for bit; up to
+    # 16 rows (one float32 run) they are rounded from the run itself.
+    x, w, _ = make(rng, (M, 77), dtype, np.float32)
     dy = rng.standard_normal(x.shape).astype(dtype)
     _, mean, rstd = lnfast.layer_norm_forward(x, w)
     wd = w.astype(dtype) if wkind == "same" else w
@@ -332,7 +363,7 @@ def test_dweight_dbias_are_the_rounded_float64_sums(rng, dtype, wkind):
     dx = np.empty_like(x)
     sums = np.empty((2, 77))
     _cpu.backward(dy, x, None, mean, rstd, wd.astype(np.float32), dx, sums,
-                  _kernels.num_chunks(300, 77), True, 1)
+                  _kernels.num_chunks(M, 77), True, 1)
     if wkind == "same":
         want = _cpu.round_to_16bit(sums, dtype == BF16).view(dtype)
     else:

@@ -61,11 +61,18 @@ def all_results(x, w, b, dy):
             ry, rrstd, lnfast.rms_norm(x, w), *lnfast.rms_norm_backward(dy, x, rrstd, w))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+# 16-bit data with float32 weights, and with weights of its own dtype (which
+# each thread widens for itself)
+DTYPES = [(np.float32, np.float32), (np.float64, np.float64),
+          (np.float16, np.float32), (ml_dtypes.bfloat16, np.float32),
+          (np.float16, np.float16), (ml_dtypes.bfloat16, ml_dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("dtype,wdtype", DTYPES,
+                         ids=[f"{np.dtype(d).name}-{np.dtype(w).name}" for d, w in DTYPES])
 @pytest.mark.parametrize("shape", [(2000, 64), (300, 1000), (7, 5000), (40, 4096)])
-def test_bitwise_identical_for_any_thread_count(rng, dtype, shape):
+def test_bitwise_identical_for_any_thread_count(rng, dtype, wdtype, shape):
     x = rng.standard_normal(shape).astype(dtype)
-    wdtype = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
     w = rng.standard_normal(shape[-1]).astype(wdtype)
     b = rng.standard_normal(shape[-1]).astype(wdtype)
     dy = rng.standard_normal(shape).astype(dtype)

@@ -269,6 +269,7 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
 cdef enum:     # per-thread scratch, in rows of D elements
     FORWARD_SCRATCH = 4                     # rows: x, residual, z, y
     BACKWARD_SCRATCH = 4                    # rows: x, dy, dx, dz
+    PARAM_ROWS = 2                          # then 16-bit weight, bias widened
 
 
 cdef inline const real* load_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
@@ -475,9 +476,13 @@ cdef struct Rows:
     RowMap x, res, z, y         # forward: y = norm(x [+ res]), z = x + res
     RowMap dy, dz, dx           # backward: dx = dnorm(dy, x) [+ dz]
     bint has_res, has_dz, centered
+    bint one_run                # backward: one chunk of one float32 run (round_run)
     bint direct                 # all rows contiguous, in x's storage type
     bint stream                 # write y or dx with streaming stores
+    RowMap w, b                 # 16-bit weight and bias, widened per thread
+    bint widen_w, widen_b
     Py_ssize_t M, D
+    Py_ssize_t scratch_stride   # floats or doubles of scratch per thread
     double eps
     int nthreads
 
@@ -589,21 +594,39 @@ cdef inline void forward_range(const Rows* a, const real* w, const real* b,
             forward_row(a, w, b, mean_out, rstd_out, r, buf)
 
 
+cdef inline const real* param(const RowMap* m, bint widen, const real* p, real* buf,
+                              Py_ssize_t row, Py_ssize_t D) noexcept nogil:
+    """The weight or bias the calling thread reads: p, or when `widen` the
+    16-bit vector m widened into row `row` of its scratch `buf`.  Each
+    thread widens its own copy: a vector widened by one core and read by
+    the other comes over line by line (8x8192 bfloat16 forward: 1.2x,
+    docs/performance.md)."""
+    if real is float and widen:
+        return load_row(m, 0, D, buf + row * D)
+    return p
+
+
 cdef void forward_rows(const Rows* a, const real* w, const real* b,
                        real* mean_out, real* rstd_out, real* scratch) noexcept:
     """Each thread takes one contiguous block of rows (rows are independent:
     the split changes no result).  One thread: no OpenMP region at all (a
     region costs a small call about 0.4 us, even on one thread)."""
-    cdef Py_ssize_t t, M = a.M, nt = a.nthreads
+    cdef Py_ssize_t t, M = a.M, nt = a.nthreads, D = a.D
     cdef real* buf
+    cdef const real* wt = w     # (set before the region: it copies them in)
+    cdef const real* bt = b
     if nt == 1:
         with nogil:
-            forward_range(a, w, b, mean_out, rstd_out, 0, M, scratch)
+            wt = param(&a.w, a.widen_w, w, scratch, FORWARD_SCRATCH, D)
+            bt = param(&a.b, a.widen_b, b, scratch, FORWARD_SCRATCH + 1, D)
+            forward_range(a, wt, bt, mean_out, rstd_out, 0, M, scratch)
         return
     with nogil, parallel(num_threads=nt):
-        buf = scratch + FORWARD_SCRATCH * a.D * omp_get_thread_num() if scratch != NULL else NULL
+        buf = scratch + a.scratch_stride * omp_get_thread_num() if scratch != NULL else NULL
+        wt = param(&a.w, a.widen_w, w, buf, FORWARD_SCRATCH, D)
+        bt = param(&a.b, a.widen_b, b, buf, FORWARD_SCRATCH + 1, D)
         for t in prange(nt, schedule='static'):
-            forward_range(a, w, b, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt, buf)
+            forward_range(a, wt, bt, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt, buf)
 
 
 cdef enum:
@@ -617,13 +640,13 @@ cdef enum:
     RUN_ROWS = 16
 
 
-cdef inline void end_of_run(real* g, double* dw, Py_ssize_t i, Py_ssize_t n,
-                            Py_ssize_t width) noexcept nogil:
+cdef inline void end_of_run(const Rows* a, real* g, double* dw, Py_ssize_t i,
+                            Py_ssize_t n) noexcept nogil:
     """After the i-th of a chunk's n rows (from 0): add a full or final run
     of float32 sums g into dw (and zero g), the first run setting dw.
-    float64 sums are in dw itself."""
-    if real is float and (i % RUN_ROWS == RUN_ROWS - 1 or i == n - 1):
-        lnf_add_run(dw, g, width, i < RUN_ROWS)
+    float64 sums are in dw itself; a call's one run stays in g (round_run)."""
+    if real is float and not a.one_run and (i % RUN_ROWS == RUN_ROWS - 1 or i == n - 1):
+        lnf_add_run(dw, g, 2 * a.D if a.centered else a.D, i < RUN_ROWS)
 
 
 cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
@@ -653,7 +676,7 @@ cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                       row_or_null(&a.dy, r + 1, r1), mean[r + 1] if c and r + 1 < r1 else 0,
                       s, w, D, row_or_null(&a.x, r + 2, r1), row_or_null(&a.dy, r + 2, r1),
                       a.stream)
-        end_of_run(g, dw, r - r0, r1 - r0, 2 * D if c else D)
+        end_of_run(a, g, dw, r - r0, r1 - r0)
 
 
 cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
@@ -695,7 +718,7 @@ cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
     else:
         for r in range(r0, r1):
             backward_row(a, w, mean, rstd, r, g, buf)
-            end_of_run(g, dw, r - r0, r1 - r0, 2 * a.D if a.centered else a.D)
+            end_of_run(a, g, dw, r - r0, r1 - r0)
 
 
 cdef enum:
@@ -735,6 +758,23 @@ cdef inline void sum_partials(double* part, Py_ssize_t nchunks, Py_ssize_t width
             j += n
 
 
+cdef inline void round_run(const float* g, Py_ssize_t width, void* out,
+                           int kind) noexcept nogil:
+    """out = the float32 sums g of a call's only run, rounded once to the
+    output type `kind`: the same bits as through the float64 partial rows,
+    which hold g exactly (1x8192 float32 backward: 13.4 -> 7.2 us)."""
+    cdef Py_ssize_t j
+    if kind == GRAD_F64:
+        for j in range(width):
+            (<double*>out)[j] = g[j]
+    elif kind == GRAD_F32:
+        memcpy(out, g, width * sizeof(float))
+    elif kind == GRAD_F16:
+        lnf_narrow_f16(g, <char*>out, 2, width)
+    else:
+        lnf_narrow_bf16(g, <char*>out, 2, width)
+
+
 cdef inline Py_ssize_t partial_stride(Py_ssize_t D) noexcept nogil:
     """Doubles from one chunk's partial rows (dweight, then dbias) to the
     next: whole 64-byte lines, so that every chunk starts on a line."""
@@ -761,25 +801,32 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
     cdef Py_ssize_t width = 2 * D if a.centered else D     # (RMSNorm: no dbias)
     cdef Py_ssize_t nblocks = (width + SUM_BLOCK - 1) // SUM_BLOCK
     cdef real* buf = NULL
+    cdef const real* wt = w
     cdef int t
     if a.nthreads == 1:     # (no OpenMP region, as in forward_rows)
         with nogil:
+            wt = param(&a.w, a.widen_w, w, scratch, BACKWARD_SCRATCH, D)
             if real is float:
                 memset(run_rows(runs, NULL, 0, D), 0, 2 * D * sizeof(float))
             for c in range(nchunks):
-                backward_chunk(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
+                backward_chunk(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
                                run_rows(runs, partials + stride * c, 0, D), scratch)
     else:
         with nogil, parallel(num_threads=a.nthreads):
             t = omp_get_thread_num()
-            buf = scratch + BACKWARD_SCRATCH * D * t if scratch != NULL else NULL
+            buf = scratch + a.scratch_stride * t if scratch != NULL else NULL
+            wt = param(&a.w, a.widen_w, w, buf, BACKWARD_SCRATCH, D)
             if real is float:
                 memset(run_rows(runs, NULL, t, D), 0, 2 * D * sizeof(float))
             for c in prange(nchunks, schedule='static'):
-                backward_chunk(a, w, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
+                backward_chunk(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
                                run_rows(runs, partials + stride * c, t, D), buf)
+    if real is float and a.one_run:     # (one thread: nchunks is 1)
+        with nogil:
+            round_run(run_rows(runs, NULL, 0, D), width, dwdb, kind)
+        return
     if partials == <double*>dwdb:       # (one float64 chunk, summed in place)
         return
     if a.nthreads == 1 or nblocks * nchunks <= 256:     # threads pay only when large
@@ -805,7 +852,7 @@ cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
     a.eps = eps
     a.centered = centered
     a.nthreads = nthreads
-    a.has_res = a.has_dz = a.stream = False
+    a.has_res = a.has_dz = a.stream = a.one_run = False
     rowmap_init(&a.x, x)
     return 0
 
@@ -831,11 +878,25 @@ cpdef bint streamed(Py_ssize_t D, Py_ssize_t itemsize, Py_ssize_t nbytes) noexce
     return itemsize >= 4 and D * itemsize >= STREAM_ROW_BYTES and nbytes >= STREAM_MIN_BYTES
 
 
-cdef cnp.ndarray row_scratch(Rows* a, cnp.ndarray w, tuple arrays, int rows):
+cdef bint params_init(Rows* a, cnp.ndarray w, cnp.ndarray b) except -1:
+    """Note which of weight w and bias b (b None: none) are 16-bit, to be
+    widened by each thread (param); return whether the arithmetic is
+    float64 (w is float64; 16-bit vectors come only with 16-bit data)."""
+    rowmap_init(&a.w, w)
+    a.widen_w = a.w.storage != NATIVE
+    a.widen_b = False
+    if b is not None:
+        rowmap_init(&a.b, b)
+        a.widen_b = a.b.storage != NATIVE
+    return cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT64
+
+
+cdef cnp.ndarray row_scratch(Rows* a, bint f64, tuple arrays, int rows):
     """Set a.direct (every row contiguous in x's dtype: the pipelined path)
-    and return `rows` rows of per-thread scratch in the compute type (w's),
-    for gathered rows, or for the rare rows of direct 16-bit data."""
-    cdef cnp.npy_intp n = rows * a.D * a.nthreads
+    and return per-thread scratch in the compute type (float64 when f64,
+    else float32): `rows` rows for gathered rows, or for the rare rows of
+    direct 16-bit data, then PARAM_ROWS rows for 16-bit weight and bias.
+    Each thread's part starts on a 64-byte line (aligned_data)."""
     cdef cnp.ndarray x = arrays[0]
     a.direct = True
     for arr in arrays:
@@ -843,17 +904,31 @@ cdef cnp.ndarray row_scratch(Rows* a, cnp.ndarray w, tuple arrays, int rows):
                 cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(x)
                 or cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] != cnp.PyArray_ITEMSIZE(x)):
             a.direct = False
-    if a.direct and a.x.storage == NATIVE:
+    if a.direct and a.x.storage == NATIVE:      # (then the weights are too)
         return None
-    return cnp.PyArray_EMPTY(1, &n, cnp.PyArray_TYPE(w), 0)
+    cdef Py_ssize_t line = 8 if f64 else 16
+    if a.widen_w or a.widen_b:
+        rows += PARAM_ROWS
+    a.scratch_stride = (rows * a.D + line - 1) // line * line
+    cdef cnp.npy_intp n = a.scratch_stride * a.nthreads + line
+    return cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64 if f64 else cnp.NPY_FLOAT32, 0)
+
+
+cdef inline void* aligned_data(cnp.ndarray a):
+    """The data of `a` (None: NULL) from its first 64-byte line boundary."""
+    if a is None:
+        return NULL
+    return <void*>((<uintptr_t>cnp.PyArray_DATA(a) + 63) & ~<uintptr_t>63)
 
 
 def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
             cnp.ndarray w, cnp.ndarray b, cnp.ndarray mean, cnp.ndarray rstd,
             double eps, bint centered, int nthreads):
     """y = norm(x + residual) row by row, z = x + residual when residual is
-    not None; mean and rstd stored when not None.  The compute type is w's
-    (float32 or float64); 16-bit rows are computed in float32."""
+    not None; mean and rstd stored when not None.  w and b (b unread when
+    not centered) are contiguous vectors of the compute type, float64 or
+    float32, or with 16-bit data 16-bit vectors of any stride, which each
+    thread widens; 16-bit rows are computed in float32."""
     run_forward(x, residual, z, y, w, b, mean, rstd, eps, centered, nthreads)
 
 
@@ -867,16 +942,19 @@ cdef int run_forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.nda
         a.has_res = True
         rowmap_init(&a.res, residual)
         rowmap_init(&a.z, z)
-    scratch = row_scratch(&a, w, (x, residual, z, y), FORWARD_SCRATCH)
+    if not centered:    # (RMSNorm has no bias: b stands for w, unread)
+        b = w
+    cdef bint f64 = params_init(&a, w, b if centered else None)
+    scratch = row_scratch(&a, f64, (x, residual, z, y), FORWARD_SCRATCH)
     a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(y), cnp.PyArray_NBYTES(y))
-    if cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32:
+    if not f64:
         forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
                             <float*>data_or_null(mean), <float*>data_or_null(rstd),
-                            <float*>data_or_null(scratch))
+                            <float*>aligned_data(scratch))
     else:
         forward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>cnp.PyArray_DATA(b),
                              <double*>data_or_null(mean), <double*>data_or_null(rstd),
-                             <double*>data_or_null(scratch))
+                             <double*>aligned_data(scratch))
     return 0
 
 
@@ -887,7 +965,7 @@ def backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray mean,
     C-contiguous (2, D) array `dwdb`: summed in float64 (float32 terms in
     runs of RUN_ROWS rows first), then rounded once to dwdb's dtype
     (float64, float32, float16 or bfloat16).  mean is ignored
-    when not centered.  The compute type is w's, as in forward()."""
+    when not centered.  w as in forward()."""
     run_backward(dy, x, dz, mean, rstd, w, dx, dwdb, nchunks, centered, nthreads)
 
 
@@ -904,6 +982,8 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
             or (kind == GRAD_BF16 and dwdb.dtype.name != "bfloat16")):
         raise TypeError("dwdb must be a C-contiguous (2, D) array of float64, "
                         "float32, float16 or bfloat16")
+    if nchunks < 1 or nthreads < 1:
+        raise ValueError("nchunks and nthreads must be at least 1")
     if a.M == 0:
         memset(cnp.PyArray_DATA(dwdb), 0, cnp.PyArray_NBYTES(dwdb))
         return 0
@@ -919,35 +999,40 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     # summed in dwdb itself when that is aligned, or when its few rows would
     # not win back a buffer of their own (1x768: 1.1 us in place, 1.3 with).
     # The float32 runs (RUN_ROWS) take the bytes of one more partial stride
-    # per thread, also on lines.
+    # per thread, also on lines.  A call of one run (RUN_ROWS rows or fewer
+    # in one chunk) rounds it straight to dwdb and needs no partial rows.
     cdef double* part = <double*>cnp.PyArray_DATA(dwdb)
-    cdef bint f32 = cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT32     # float32 arithmetic
+    cdef bint f32 = not params_init(&a, w, None)     # float32 arithmetic
+    a.nthreads = min(nthreads, nchunks)
+    a.one_run = f32 and nchunks == 1 and a.M <= RUN_ROWS
     cdef bint in_place = (nchunks == 1 and kind == GRAD_F64
                           and (<uintptr_t>part % 64 == 0 or a.M < 16))
+    if a.one_run:
+        part = NULL
     cdef Py_ssize_t stride = partial_stride(a.D)
     cdef cnp.ndarray partials = None
     cdef double* base = NULL
-    n = (0 if in_place else stride * nchunks) + (stride * a.nthreads if f32 else 0)
+    n = (0 if in_place or a.one_run else stride * nchunks) + (stride * a.nthreads if f32 else 0)
     if n:
         n += 8
         partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
         base = <double*>((<uintptr_t>cnp.PyArray_DATA(partials) + 63) & ~<uintptr_t>63)
-    if not in_place:
+    if not (in_place or a.one_run):
         part = base
         base += stride * nchunks
     if not centered:    # (RMSNorm sums no dbias: backward_rows)
         memset(<char*>cnp.PyArray_DATA(dwdb) + cnp.PyArray_NBYTES(dwdb) // 2, 0,
                cnp.PyArray_NBYTES(dwdb) // 2)
-    scratch = row_scratch(&a, w, (x, dy, dz, dx), BACKWARD_SCRATCH)
+    scratch = row_scratch(&a, not f32, (x, dy, dz, dx), BACKWARD_SCRATCH)
     a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
     if f32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,
-                             cnp.PyArray_DATA(dwdb), kind, <float*>data_or_null(scratch))
+                             cnp.PyArray_DATA(dwdb), kind, <float*>aligned_data(scratch))
     else:
         backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
                               <double*>cnp.PyArray_DATA(rstd), nchunks, part, NULL,
-                              cnp.PyArray_DATA(dwdb), kind, <double*>data_or_null(scratch))
+                              cnp.PyArray_DATA(dwdb), kind, <double*>aligned_data(scratch))
     return 0
 
 
@@ -982,22 +1067,6 @@ cdef inline bint plain_param(object p, int t, int ct, cnp.npy_intp D):
     """weight or bias `p` is None or a plain vector of length D, of the
     compute type ct or of the data's type t."""
     return plain_vector(p, ct, D) or plain_vector(p, t, D)
-
-
-cpdef object compute_vector(object p, double value, cnp.npy_intp D, int ct):
-    """The vector of the compute type ct the kernels read for weight or
-    bias `p` (None, an aligned vector of type ct, or an aligned 16-bit
-    vector of any stride): p itself, the stand-in of `value` for None, or
-    p widened exactly.  Used by both paths (lnfast._kernels._vector)."""
-    cdef RowMap m
-    if p is None:
-        return constant(value, D, ct)
-    if cnp.PyArray_TYPE(<cnp.ndarray>p) == ct:
-        return p
-    v = cnp.PyArray_EMPTY(1, &D, cnp.NPY_FLOAT32, 0)
-    rowmap_init(&m, p)
-    load_row[float](&m, 0, D, <float*>cnp.PyArray_DATA(v))
-    return v
 
 
 cdef inline int compute_typenum(int t):
@@ -1087,8 +1156,8 @@ def forward_common(threads_for, x, residual, weight, bias, eps, bint centered,
         return None
     if not (plain_param(weight, t, ct, D) and plain_param(bias, t, ct, D)):
         return None
-    w = compute_vector(weight, 1.0, D, ct)
-    b = compute_vector(bias, 0.0, D, ct) if centered else w
+    w = constant(1.0, D, ct) if weight is None else weight
+    b = None if not centered else constant(0.0, D, ct) if bias is None else bias
     cdef size_t nbytes = cnp.PyArray_NBYTES(xa)
     cdef size_t stat_bytes = M * (8 if ct == cnp.NPY_FLOAT64 else 4)
     y = new_array(nd, dims, t, nbytes)
@@ -1121,7 +1190,7 @@ def backward_common(threads_for, Py_ssize_t min_parallel, num_chunks, dy, x, mea
             and (not centered or plain_shaped(mean, ct, nd - 1, dims))
             and plain_param(weight, t, ct, D)):
         return None
-    w = compute_vector(weight, 1.0, D, ct)
+    w = constant(1.0, D, ct) if weight is None else weight
     nchunks = num_chunks(M, D)
     dx = new_array(nd, dims, t, cnp.PyArray_NBYTES(xa))
     cdef cnp.npy_intp rows_of_grads[2]

@@ -69,10 +69,13 @@ def _aligned(a):
 
 
 def _vector(p, value, D, dtype):
-    if p is None or p.dtype.itemsize == 2:
-        # a read-only stand-in kept for reuse, or 16-bit weights widened
-        # by F16C (not NumPy's scalar cast): as the one-step path does
-        return _cpu.compute_vector(None if p is None else _aligned(p), value, D, dtype.num)
+    """weight or bias as the kernels take it: a read-only stand-in of
+    `value` kept for reuse (None), 16-bit weights as they are (each thread
+    widens its own copy), else contiguous in the compute dtype."""
+    if p is None:
+        return _cpu.constant(value, D, dtype.num)
+    if p.dtype.itemsize == 2:
+        return _aligned(p)
     return _aligned(np.ascontiguousarray(p, dtype=dtype))
 
 
