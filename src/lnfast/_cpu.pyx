@@ -1016,7 +1016,7 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     if n:
         n += 8
         partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
-        base = <double*>((<uintptr_t>cnp.PyArray_DATA(partials) + 63) & ~<uintptr_t>63)
+        base = <double*>aligned_data(partials)
     if not (in_place or a.one_run):
         part = base
         base += stride * nchunks
