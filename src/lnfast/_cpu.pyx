@@ -8,8 +8,8 @@ loops are the C row primitives of rowops.h.
 
 Arrays arrive validated from `lnfast._kernels` (except in forward_common
 and backward_common, which recognise the common call themselves): dtypes are
-final, weight and bias are contiguous vectors of length D, mean/rstd/dx
-outputs are C-contiguous.
+final, weight and bias are vectors of length D (contiguous, or 16-bit of
+any stride), mean/rstd/dx outputs are C-contiguous.
 Rows of x, dy and out may have any (aligned) strides: a row whose elements are
 not adjacent is gathered into a per-thread buffer first.
 """
@@ -479,8 +479,7 @@ cdef struct Rows:
     bint one_run                # backward: one chunk of one float32 run (round_run)
     bint direct                 # all rows contiguous, in x's storage type
     bint stream                 # write y or dx with streaming stores
-    RowMap w, b                 # 16-bit weight and bias, widened per thread
-    bint widen_w, widen_b
+    RowMap w, b                 # weight and bias; 16-bit ones are widened per thread
     Py_ssize_t M, D
     Py_ssize_t scratch_stride   # floats or doubles of scratch per thread
     double eps
@@ -594,14 +593,14 @@ cdef inline void forward_range(const Rows* a, const real* w, const real* b,
             forward_row(a, w, b, mean_out, rstd_out, r, buf)
 
 
-cdef inline const real* param(const RowMap* m, bint widen, const real* p, real* buf,
-                              Py_ssize_t row, Py_ssize_t D) noexcept nogil:
-    """The weight or bias the calling thread reads: p, or when `widen` the
-    16-bit vector m widened into row `row` of its scratch `buf`.  Each
+cdef inline const real* param(const RowMap* m, const real* p, real* buf, Py_ssize_t row,
+                              Py_ssize_t D) noexcept nogil:
+    """The weight or bias p (described by m) as the calling thread reads it:
+    p itself, or a 16-bit p widened into row `row` of its scratch `buf`.  Each
     thread widens its own copy: a vector widened by one core and read by
     the other comes over line by line (8x8192 bfloat16 forward: 1.2x,
     docs/performance.md)."""
-    if real is float and widen:
+    if real is float and m.storage != NATIVE:
         return load_row(m, 0, D, buf + row * D)
     return p
 
@@ -617,14 +616,14 @@ cdef void forward_rows(const Rows* a, const real* w, const real* b,
     cdef const real* bt = b
     if nt == 1:
         with nogil:
-            wt = param(&a.w, a.widen_w, w, scratch, FORWARD_SCRATCH, D)
-            bt = param(&a.b, a.widen_b, b, scratch, FORWARD_SCRATCH + 1, D)
+            wt = param(&a.w, w, scratch, FORWARD_SCRATCH, D)
+            bt = param(&a.b, b, scratch, FORWARD_SCRATCH + 1, D)
             forward_range(a, wt, bt, mean_out, rstd_out, 0, M, scratch)
         return
     with nogil, parallel(num_threads=nt):
         buf = scratch + a.scratch_stride * omp_get_thread_num() if scratch != NULL else NULL
-        wt = param(&a.w, a.widen_w, w, buf, FORWARD_SCRATCH, D)
-        bt = param(&a.b, a.widen_b, b, buf, FORWARD_SCRATCH + 1, D)
+        wt = param(&a.w, w, buf, FORWARD_SCRATCH, D)
+        bt = param(&a.b, b, buf, FORWARD_SCRATCH + 1, D)
         for t in prange(nt, schedule='static'):
             forward_range(a, wt, bt, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt, buf)
 
@@ -805,7 +804,7 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
     cdef int t
     if a.nthreads == 1:     # (no OpenMP region, as in forward_rows)
         with nogil:
-            wt = param(&a.w, a.widen_w, w, scratch, BACKWARD_SCRATCH, D)
+            wt = param(&a.w, w, scratch, BACKWARD_SCRATCH, D)
             if real is float:
                 memset(run_rows(runs, NULL, 0, D), 0, 2 * D * sizeof(float))
             for c in range(nchunks):
@@ -816,7 +815,7 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
         with nogil, parallel(num_threads=a.nthreads):
             t = omp_get_thread_num()
             buf = scratch + a.scratch_stride * t if scratch != NULL else NULL
-            wt = param(&a.w, a.widen_w, w, buf, BACKWARD_SCRATCH, D)
+            wt = param(&a.w, w, buf, BACKWARD_SCRATCH, D)
             if real is float:
                 memset(run_rows(runs, NULL, t, D), 0, 2 * D * sizeof(float))
             for c in prange(nchunks, schedule='static'):
@@ -879,15 +878,14 @@ cpdef bint streamed(Py_ssize_t D, Py_ssize_t itemsize, Py_ssize_t nbytes) noexce
 
 
 cdef bint params_init(Rows* a, cnp.ndarray w, cnp.ndarray b) except -1:
-    """Note which of weight w and bias b (b None: none) are 16-bit, to be
-    widened by each thread (param); return whether the arithmetic is
+    """Describe weight w and bias b (b None: none) in a.w and a.b, whose
+    storage says which are 16-bit, to be widened by each thread (param);
+    return whether the arithmetic is
     float64 (w is float64; 16-bit vectors come only with 16-bit data)."""
     rowmap_init(&a.w, w)
-    a.widen_w = a.w.storage != NATIVE
-    a.widen_b = False
+    a.b.storage = NATIVE            # (no bias: nothing to widen)
     if b is not None:
         rowmap_init(&a.b, b)
-        a.widen_b = a.b.storage != NATIVE
     return cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT64
 
 
@@ -907,7 +905,7 @@ cdef cnp.ndarray row_scratch(Rows* a, bint f64, tuple arrays, int rows):
     if a.direct and a.x.storage == NATIVE:      # (then the weights are too)
         return None
     cdef Py_ssize_t line = 8 if f64 else 16
-    if a.widen_w or a.widen_b:
+    if a.w.storage != NATIVE or a.b.storage != NATIVE:
         rows += PARAM_ROWS
     a.scratch_stride = (rows * a.D + line - 1) // line * line
     cdef cnp.npy_intp n = a.scratch_stride * a.nthreads + line
