@@ -10,6 +10,8 @@
 # fetched by PIP (an x86-64 pip) into a folder.  Then the whole test suite
 # runs on the NEON build, and .ci/fingerprint.py's hash is written to
 # WORK/fingerprint for the caller to compare with the x86-64 build's.
+# Afterwards `python benchmarks/arm64_instructions.py WORK` counts the
+# instructions per element this build executes.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$1

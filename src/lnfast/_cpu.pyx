@@ -134,8 +134,9 @@ def round_to_16bit(cnp.ndarray a, bint bfloat16):
 def half_paths(str path):
     """Which 16-bit conversion code runs: "best" (AVX-512 with its BF16
     instructions, else AVX-512, else AVX2, with F16C for float16, where the
-    CPU has them), "avx512" (no BF16 instructions), "avx2" (no AVX-512) or
-    "portable".  Returns whether the CPU has F16C.  For tests."""
+    CPU has them; on aarch64 its float16 conversions), "avx512" (no BF16
+    instructions), "avx2" (no AVX-512) or "portable".  Returns whether the
+    CPU has F16C.  For tests."""
     global lnf_half_path
     lnf_half_path = {"best": 0, "avx512": 1, "avx2": 2, "portable": 3}[path]
     return bool(lnf_has_f16c())

@@ -6,7 +6,9 @@
  * The portable versions use integer operations only, so they vectorize at
  * every SIMD level (and LNF_DISPATCH compiles them for AVX2 and AVX-512).
  * On x86-64 CPUs with F16C the float16 rows go through the conversion
- * instructions instead, chosen once at run time; both give the same bits.
+ * instructions instead, chosen once at run time; on aarch64 both types go
+ * through NEON code (float16 through its conversion instructions, part of
+ * every such CPU).  All give the same bits.
  * A strided row (stride in bytes != 2) takes the scalar path.
  */
 #ifndef LNFAST_HALFCONV_H
@@ -154,6 +156,91 @@ static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_f16(lnf_vf v)
 #undef LNF_VSPLAT
 #undef LNF_VSELECT
 
+#if defined(__aarch64__)
+/* aarch64: NEON code for both types, four values at a time.  float16 uses
+ * the conversion instructions (fcvtl, fcvtn), part of every such CPU, so no
+ * dispatch is needed; bfloat16 the portable functions' integer arithmetic,
+ * with narrowing adds (GCC 12 turns the generic vectors' unsigned compares
+ * and 32-to-16-bit conversions into one instruction per value here).  Same
+ * bits as the portable code: rounding to nearest even (the FPCR's default
+ * mode), overflow to infinity, subnormals kept, NaN quieted with its
+ * payload truncated. */
+#include <arm_neon.h>
+#define LNF_A64_SWEEPS 1
+static inline __attribute__((always_inline)) float32x4_t lnf_widen4_f16(uint16x4_t h)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+static inline __attribute__((always_inline)) uint16x4_t lnf_narrow4_f16(float32x4_t v)
+{
+    return vreinterpret_u16_f16(vcvt_f16_f32(v));
+}
+
+static inline __attribute__((always_inline)) float32x4_t lnf_widen4_bf16(uint16x4_t h)
+{
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+}
+
+static inline __attribute__((always_inline)) uint16x4_t lnf_narrow4_bf16(float32x4_t v)
+{
+    uint32x4_t u = vreinterpretq_u32_f32(v);
+    uint32x4_t bias = vaddq_u32(vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1)),
+                                vdupq_n_u32(0x7fff));
+    uint16x4_t rne = vaddhn_u32(u, bias);               /* (u + bias) >> 16 */
+    uint16x4_t nan = vorr_u16(vshrn_n_u32(u, 16), vdup_n_u16(0x40));
+    uint16x4_t number = vmovn_u32(vceqq_f32(v, v));
+    return vbsl_u16(number, rne, nan);
+}
+
+/* 16 values (the sweeps) and rows of contiguous values (the row
+ * conversions, with the portable code's scalar tail). */
+#define LNF_A64_CONVERSIONS(NAME)                                                      \
+    static inline __attribute__((always_inline)) lnf_vf lnf_vwiden_##NAME##a64(lnf_vu16 h) \
+    {                                                                                  \
+        uint16x4_t in[4];                                                              \
+        float32x4_t out[4];                                                            \
+        memcpy(in, &h, sizeof in);                                                     \
+        for (int k = 0; k < 4; k++)                                                    \
+            out[k] = lnf_widen4_##NAME(in[k]);                                         \
+        lnf_vf v;                                                                      \
+        memcpy(&v, out, sizeof v);                                                     \
+        return v;                                                                      \
+    }                                                                                  \
+    static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_##NAME##a64(lnf_vf v) \
+    {                                                                                  \
+        float32x4_t in[4];                                                             \
+        uint16x4_t out[4];                                                             \
+        memcpy(in, &v, sizeof in);                                                     \
+        for (int k = 0; k < 4; k++)                                                    \
+            out[k] = lnf_narrow4_##NAME(in[k]);                                        \
+        lnf_vu16 h;                                                                    \
+        memcpy(&h, out, sizeof h);                                                     \
+        return h;                                                                      \
+    }                                                                                  \
+    static void lnf_widen_##NAME##_a64(const char *src, float *__restrict dst, ptrdiff_t n) \
+    {                                                                                  \
+        const uint16_t *s = (const uint16_t *)(const void *)src;                       \
+        ptrdiff_t i = 0;                                                               \
+        for (; i + 4 <= n; i += 4)                                                     \
+            vst1q_f32(dst + i, lnf_widen4_##NAME(vld1_u16(s + i)));                    \
+        for (; i < n; i++)                                                             \
+            dst[i] = lnf_##NAME##_to_f32(s[i]);                                        \
+    }                                                                                  \
+    static void lnf_narrow_##NAME##_a64(const float *__restrict src, char *dst, ptrdiff_t n) \
+    {                                                                                  \
+        uint16_t *d = (uint16_t *)(void *)dst;                                         \
+        ptrdiff_t i = 0;                                                               \
+        for (; i + 4 <= n; i += 4)                                                     \
+            vst1_u16(d + i, lnf_narrow4_##NAME(vld1q_f32(src + i)));                   \
+        for (; i < n; i++)                                                             \
+            d[i] = lnf_f32_to_##NAME(src[i]);                                          \
+    }
+LNF_A64_CONVERSIONS(f16)
+LNF_A64_CONVERSIONS(bf16)
+#undef LNF_A64_CONVERSIONS
+#endif
+
 #if LNF_HAVE_DISPATCH
 #include <immintrin.h>
 /* Conversions for the sweeps compiled for AVX-512 and AVX2 (rowops_all.h).
@@ -298,6 +385,10 @@ LNF_F16C("avx2") lnf_vu16 lnf_vnarrow_bf16x256(lnf_vf v)
 #endif
 #endif
 
+#ifndef LNF_A64_SWEEPS
+#define LNF_A64_SWEEPS 0
+#endif
+
 /* Row conversions: src or dst rows of 16-bit values with a byte stride. */
 #define LNF_DEFINE_ROW_CONVERSIONS(NAME, TO_F32, FROM_F32)                              \
     LNF_DISPATCH static void lnf_widen_##NAME##_portable(const char *src, ptrdiff_t stride, \
@@ -377,6 +468,7 @@ static int lnf_has_f16c(void)
 static int lnf_has_f16c(void) { return 0; }
 #endif
 
+
 /* Which 16-bit code runs, for tests: 0 the best the CPU has, 1 no AVX512-BF16
  * instructions, 2 no AVX-512, 3 the portable code only. */
 static int lnf_half_path = 0;
@@ -386,6 +478,11 @@ static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff
 #if LNF_HAVE_DISPATCH
     if (stride == 2 && lnf_half_path < 3 && lnf_has_f16c()) {
         lnf_widen_f16_f16c(src, dst, n);
+        return;
+    }
+#elif LNF_A64_SWEEPS
+    if (stride == 2 && lnf_half_path < 3) {
+        lnf_widen_f16_a64(src, dst, n);
         return;
     }
 #endif
@@ -399,17 +496,34 @@ static void lnf_narrow_f16(const float *src, char *dst, ptrdiff_t stride, ptrdif
         lnf_narrow_f16_f16c(src, dst, n);
         return;
     }
+#elif LNF_A64_SWEEPS
+    if (stride == 2 && lnf_half_path < 3) {
+        lnf_narrow_f16_a64(src, dst, n);
+        return;
+    }
 #endif
     lnf_narrow_f16_portable(src, dst, stride, n);
 }
 
 static void lnf_widen_bf16(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n)
 {
+#if LNF_A64_SWEEPS
+    if (stride == 2 && lnf_half_path < 3) {
+        lnf_widen_bf16_a64(src, dst, n);
+        return;
+    }
+#endif
     lnf_widen_bf16_portable(src, stride, dst, n);
 }
 
 static void lnf_narrow_bf16(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n)
 {
+#if LNF_A64_SWEEPS
+    if (stride == 2 && lnf_half_path < 3) {
+        lnf_narrow_bf16_a64(src, dst, n);
+        return;
+    }
+#endif
     lnf_narrow_bf16_portable(src, dst, stride, n);
 }
 

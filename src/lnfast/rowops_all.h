@@ -168,6 +168,13 @@ static inline const char *lnf_simd_runtime(void)
 #define LNF_VNARROW lnf_vnarrow_f16c256
 #include "rowops.h"
 #endif
+#if LNF_A64_SWEEPS
+#define LNF_ATTR
+#define LNF_SUFFIX f16a64
+#define LNF_VWIDEN lnf_vwiden_f16a64
+#define LNF_VNARROW lnf_vnarrow_f16a64
+#include "rowops.h"
+#endif
 #undef LNF_TO_F32
 #undef LNF_FROM_F32
 
@@ -198,6 +205,13 @@ static inline const char *lnf_simd_runtime(void)
 #define LNF_VNARROW lnf_vnarrow_bf16x256
 #include "rowops.h"
 #endif
+#if LNF_A64_SWEEPS
+#define LNF_ATTR
+#define LNF_SUFFIX bf16a64
+#define LNF_VWIDEN lnf_vwiden_bf16a64
+#define LNF_VNARROW lnf_vnarrow_bf16a64
+#include "rowops.h"
+#endif
 #undef LNF_TO_F32
 #undef LNF_FROM_F32
 #undef LNF_T
@@ -219,7 +233,8 @@ static inline const char *lnf_simd_runtime(void)
 
 /* The 16-bit sweeps in use: AVX-512 (with its BF16 instructions for
  * bfloat16) or AVX2 builds where the CPU has them (and F16C for float16),
- * unless tests asked for less (lnf_half_path); all give the same bits. */
+ * or on aarch64 the NEON conversions, unless tests asked for less
+ * (lnf_half_path); all give the same bits. */
 #if LNF_X86_SWEEPS
 #define LNF_PICK(name, kind, f16c, ...)                                      \
     do {                                                                     \
@@ -245,6 +260,15 @@ static inline const char *lnf_simd_runtime(void)
 #else
 #define LNF_BEST512_bf16(name, ...) name##_bf16x512(__VA_ARGS__)
 #endif
+#elif LNF_A64_SWEEPS
+/* aarch64: the NEON conversions, unless tests asked for the portable code. */
+#define LNF_PICK(name, kind, f16c, ...)                                      \
+    do {                                                                     \
+        if (lnf_half_path < 3)                                               \
+            name##_##kind##a64(__VA_ARGS__);                                 \
+        else                                                                 \
+            name##_##kind##p(__VA_ARGS__);                                   \
+    } while (0)
 #else
 #define LNF_PICK(name, kind, f16c, ...) name##_##kind##p(__VA_ARGS__)
 #endif
