@@ -468,7 +468,6 @@ static int lnf_has_f16c(void)
 static int lnf_has_f16c(void) { return 0; }
 #endif
 
-
 /* Which 16-bit code runs, for tests: 0 the best the CPU has, 1 no AVX512-BF16
  * instructions, 2 no AVX-512, 3 the portable code only. */
 static int lnf_half_path = 0;
