@@ -134,7 +134,7 @@ static inline const char *lnf_simd_runtime(void)
  * (LNF_STORAGE16) are converted inside the sweeps; their sweeps are also
  * built for AVX-512 and AVX2 with the conversion instructions (F16C for
  * float16), which target_clones cannot pick (F16C is not part of "avx2"),
- * and chosen at run time below. */
+ * and chosen at run time below; on aarch64, for its NEON conversions. */
 #define LNF_T float
 #define LNF_NV 1        /* 64-byte vectors per LNF_LANES elements */
 #define LNF_S float
