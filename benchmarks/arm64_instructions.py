@@ -3,9 +3,10 @@
     python benchmarks/arm64_instructions.py WORK
 
 WORK is the folder that `.ci/arm64.sh WORK PIP` filled: Debian's aarch64
-CPython in WORK/root, the aarch64 wheels in WORK/site and the aarch64 build
-of lnfast in WORK/lnfast.  A small TCG plugin (built here with gcc) counts
-the guest instructions qemu executes.  Each figure is the count of a run
+CPython in WORK/root (started under qemu by its python3.11-qemu script),
+the aarch64 wheels in WORK/site and the aarch64 build of lnfast in
+WORK/lnfast.  A small TCG plugin (built here with gcc, handed to qemu in
+QEMU_PLUGIN) counts the guest instructions qemu executes.  Each figure is the count of a run
 making 20 calls less that of a run making none, per element, on one thread,
 with PYTHONHASHSEED=0 so that the count repeats exactly.  Instructions are
 not time: this is for comparing code paths where no aarch64 machine is at
@@ -81,10 +82,9 @@ FUNCTIONS = ["forward", "backward", "fused forward"]
 def count(work, plugin, tmp, fn, dtype, path, calls):
     out = os.path.join(tmp, "count")
     env = dict(os.environ, PYTHONHASHSEED="0", LNFAST_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1", INSN_COUNT_OUT=out,
+               OPENBLAS_NUM_THREADS="1", QEMU_PLUGIN=plugin, INSN_COUNT_OUT=out,
                PYTHONPATH=f"{work}/lnfast/src:{work}/site")
-    subprocess.run(["qemu-aarch64", "-plugin", plugin, "-L", f"{work}/root",
-                    f"{work}/root/usr/bin/python3.11", "-c", GUEST, fn, dtype, path,
+    subprocess.run([f"{work}/root/usr/bin/python3.11-qemu", "-c", GUEST, fn, dtype, path,
                     str(calls)], env=env, check=True)
     with open(out) as f:
         return int(f.read())
