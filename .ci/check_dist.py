@@ -24,7 +24,8 @@ print(f"{sdist.name}: {len(members)} files")
 for required in ("src/lnfast/_cpu.pyx", "src/lnfast/_openmp_helpers.pxd",
                  "src/lnfast/rowops.h", "src/lnfast/rowops_all.h", "src/lnfast/pool.h",
                  "src/lnfast/halfconv.h", "src/lnfast/kernels/norm.cu",
-                 "setup.py", "pyproject.toml", "tests/test_layer_norm.py"):
+                 "setup.py", "pyproject.toml", "tests/test_layer_norm.py",
+                 "tests/gpu/emulate.h", "tests/gpu/fake_cupy/cupy/__init__.py"):
     assert required in members, f"sdist lacks {required}"
 for m in members:
     assert not m.endswith((".so", ".pyd")) and not (m.startswith("src/") and m.endswith(".c")), \

@@ -25,6 +25,9 @@ _REDUCE = "lnf::norm_backward_reduce"
 
 _PARTIAL_BYTES = 64 << 20       # cap on the backward pass's partial rows
 
+# Compiler options: no FMA contraction, as on the CPU.
+OPTIONS = ("--std=c++17", "--fmad=false")
+
 
 def _cupy():
     import cupy
@@ -59,15 +62,19 @@ def source():
     return str(path), path.read_text()
 
 
+def code():
+    """The module's source: norm.cu, with a #line directive so that compiler
+    errors name the file."""
+    path, text = source()
+    return f'#line 1 "{path.replace(chr(92), "/")}"\n{text}'
+
+
 @functools.lru_cache(maxsize=None)
 def _module(device_id):
     """The compiled RawModule, one per device."""
     cp = _cupy()
-    path, text = source()
-    # Compiler errors name the .cu file; no FMA contraction, as on the CPU.
-    code = f'#line 1 "{path.replace(chr(92), "/")}"\n{text}'
     with cp.cuda.Device(device_id):
-        return cp.RawModule(code=code, options=("--std=c++17", "--fmad=false"),
+        return cp.RawModule(code=code(), options=OPTIONS,
                             name_expressions=name_expressions())
 
 

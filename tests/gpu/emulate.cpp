@@ -1,79 +1,12 @@
-// Runs the CUDA kernels of src/lnfast/kernels/norm.cu on the CPU, one
-// std::thread per CUDA thread, block after block: __syncthreads is a block
-// barrier, __shfl_xor_sync a warp barrier around a shared slot array.  It
-// checks the kernels' logic (indexing, reductions, strides, packs, 16-bit
-// conversions) where no GPU is at hand; it says nothing about speed.
+// Runs the CUDA kernels of src/lnfast/kernels/norm.cu on the CPU
+// (emulate.h) against a float64 reference, case by case.
 //
 // Prints one line per case: "<case> <max relative error>".  Driven by
 // tests/gpu/test_cuda_emulated.py.
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <memory>
 #include <random>
-#include <thread>
-#include <vector>
 
-#define LNF_DISPATCH
-#define LNF_HAVE_DISPATCH 0
-#include "halfconv.h"
-
-struct __half { uint16_t x; };
-struct __nv_bfloat16 { uint16_t x; };
-inline float __half2float(__half h) { return lnf_f16_to_f32(h.x); }
-inline float __bfloat162float(__nv_bfloat16 h) { return lnf_bf16_to_f32(h.x); }
-inline __half __float2half_rn(float f) { return {lnf_f32_to_f16(f)}; }
-inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {lnf_f32_to_bf16(f)}; }
-
-struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-thread_local Dim3 threadIdx, blockIdx;
-Dim3 blockDim, gridDim;
-static std::barrier<> *block_bar;
-static std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
-static double slots[1024];
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define LNF_EMULATE 1
-inline void __syncthreads() { block_bar->arrive_and_wait(); }
-inline double __shfl_xor_sync(unsigned, double v, int off)
-{
-    unsigned t = threadIdx.x;
-    slots[t] = v;
-    warp_bars[t / 32]->arrive_and_wait();
-    double r = slots[t ^ off];
-    warp_bars[t / 32]->arrive_and_wait();
-    return r;
-}
-
+#include "emulate.h"
 #include "norm.cu"
-
-template <class... P, class... A>
-void launch(unsigned grid, unsigned block, void (*kernel)(P...), A... args)
-{
-    gridDim.x = grid;
-    blockDim.x = block;
-    for (unsigned b = 0; b < grid; b++) {
-        std::barrier<> bar(block);
-        block_bar = &bar;
-        warp_bars.clear();
-        for (unsigned w = 0; w < block / 32; w++)
-            warp_bars.emplace_back(new std::barrier<>(32));
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < block; t++)
-            ts.emplace_back([=] {
-                threadIdx.x = t;
-                blockIdx.x = b;
-                kernel(args...);
-            });
-        for (auto &th : ts)
-            th.join();
-    }
-}
 
 template <class T> double val(T v) { return (double)lnf::to_f(v); }
 template <class T> T make(double v) { return lnf::from_m<T>((typename lnf::Math<T>::type)v); }
