@@ -75,8 +75,8 @@ inline void fiber_main()
 }
 
 // Runs body() as `block` CUDA threads of each of `grid` blocks.  Exits with a
-// message if the threads of a block stop at different barriers (a kernel
-// that would hang on a GPU).
+// message if the threads of a block stop at different barriers (undefined
+// behaviour on a GPU, often a hang).
 inline void run_grid(unsigned grid, unsigned block)
 {
     if (block == 0 || block > 1024 || block % 32) {

@@ -35,3 +35,24 @@ def test_kernels_match_the_reference(emulator, kind, index):
         if key.endswith("." + kind):
             bar = BARS[key.split(".")[0]][index]
             assert float(err) <= bar, (key, err)
+
+
+DIVERGENT = r"""
+#include "emulate.h"
+static void kernel(int *)
+{
+    if (threadIdx.x < 32)   // a barrier that half the block never reaches
+        __syncthreads();
+}
+int main() { launch(1, 64, kernel, (int *)nullptr); }
+"""
+
+
+def test_threads_waiting_at_different_barriers_stop_the_launch(emulation, tmp_path):
+    (tmp_path / "divergent.cpp").write_text(DIVERGENT)
+    p = compile_cxx(emulation[0], tmp_path / "divergent.cpp", tmp_path / "divergent")
+    assert p.returncode == 0, p.stderr
+    run = subprocess.run([str(tmp_path / "divergent")], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 4
+    assert "threads wait at different barriers" in run.stderr
