@@ -4,12 +4,11 @@ Where none is, the CUDA kernels still run on the CPU through emulate.h
 (test_cuda_emulated.py, test_gpu_emulated.py); the `emulation` fixture
 gives the C++ compiler that builds it, or skips."""
 import ctypes
-import shutil
 import subprocess
 
 import pytest
 
-from tests.gpu.emulation import PROBE, compile_cxx
+from tests.gpu.emulation import PROBE, compile_cxx, find_cxx
 
 
 def _gpu_available():
@@ -40,7 +39,7 @@ def emulation(tmp_path_factory):
     """(compiler, loads): the C++ compiler that builds and runs emulate.h
     here, and whether this interpreter can load what it builds as a shared
     library (not so where the compiler targets another machine)."""
-    cxx = shutil.which("g++") or shutil.which("clang++")
+    cxx = find_cxx()
     if cxx is None:
         pytest.skip("no C++ compiler")
     tmp = tmp_path_factory.mktemp("probe")

@@ -1,5 +1,7 @@
 """Building tests/gpu/emulate.h, the CUDA kernels' CPU emulation."""
+import os
 import pathlib
+import shutil
 import subprocess
 
 HERE = pathlib.Path(__file__).parent
@@ -22,6 +24,11 @@ extern "C" int probe()
 }
 int main() { return !probe(); }
 """
+
+
+def find_cxx():
+    """The C++ compiler: $CXX, else g++, else clang++; None if none is found."""
+    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("clang++")
 
 
 def compile_cxx(cxx, source, out, *flags):

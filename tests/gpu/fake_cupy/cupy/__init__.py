@@ -13,10 +13,9 @@ It covers what lnfast and its GPU tests and benchmark use, not CuPy's API.
 """
 import ctypes
 import hashlib
+import importlib.util
 import os
 import pathlib
-import shutil
-import subprocess
 import tempfile
 import time
 import types
@@ -25,9 +24,12 @@ import numpy as np
 
 __version__ = "0+emulated"
 
-_HERE = pathlib.Path(__file__).resolve().parent
-_GPU_TESTS = _HERE.parents[1]                       # tests/gpu: emulate.h
-_SRC = _GPU_TESTS.parents[1] / "src" / "lnfast"     # halfconv.h
+# tests/gpu/emulation.py: where emulate.h is, and how to compile it.
+_spec = importlib.util.spec_from_file_location(
+    "lnfast_tests_emulation", pathlib.Path(__file__).resolve().parents[2] / "emulation.py")
+_emulation = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_emulation)
+
 SM_COUNT = 4
 
 
@@ -217,24 +219,22 @@ extern "C" int lnf_emu_launch(const char *name, unsigned grid, unsigned block, i
 def _build(code, options, names):
     """The shared library of `code` with an entry point per name, cached by
     content in the temporary directory."""
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("clang++")
+    cxx = _emulation.find_cxx()
     if cxx is None:
         raise RuntimeError("the CuPy emulation needs a C++ compiler (g++ or clang++)")
     std = next((o.split("=", 1)[1] for o in options if o.startswith("--std=")), "c++17")
     contract = "off" if "--fmad=false" in options else "fast"
     source = f'#include "emulate.h"\n{code}\n{_entries(names)}'
     key = hashlib.sha256("\0".join((cxx, std, contract, source)).encode()
-                         + (_GPU_TESTS / "emulate.h").read_bytes()).hexdigest()[:16]
+                         + (_emulation.HERE / "emulate.h").read_bytes()).hexdigest()[:16]
     out = pathlib.Path(tempfile.gettempdir()) / f"lnfast-emulated-{key}.so"
     if not out.exists():
         with tempfile.TemporaryDirectory() as tmp:
             src = pathlib.Path(tmp) / "module.cpp"
             src.write_text(source)
             lib = pathlib.Path(tmp) / "module.so"
-            p = subprocess.run([cxx, f"-std={std}", f"-ffp-contract={contract}", "-O2",
-                                "-shared", "-fPIC",
-                                f"-I{_GPU_TESTS}", f"-I{_SRC}", str(src), "-o", str(lib)],
-                               capture_output=True, text=True)
+            p = _emulation.compile_cxx(cxx, src, lib, f"-std={std}", f"-ffp-contract={contract}",
+                                       "-O2", "-shared", "-fPIC")
             if p.returncode:
                 raise RuntimeError(f"compiling the emulated module failed:\n{p.stderr}")
             os.replace(lib, out)   # atomic: concurrent builds of the same key agree
