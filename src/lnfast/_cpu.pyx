@@ -522,20 +522,20 @@ cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_
     cdef bint res = a.has_res
     sn[0] = sn[1] = sn[2] = 0.0     # (the last row has no next row to sum)
     row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r0), row_or_null(&a.res, r0, r1, res),
-             row_or_null(&a.z, r0, r1, res), s, D, a.centered)
+             <void*>row_or_null(&a.z, r0, r1, res), s, D, a.centered)
     for r in range(r0, r1):
         if row_stats(s, D, a.eps, a.centered, k):
             row_pipe(st, row_ptr(&a.z if res else &a.x, r), row_ptr(&a.y, r), w,
                      b if a.centered else NULL, k[0], k[1], k[2],
                      row_or_null(&a.x, r + 1, r1), row_or_null(&a.res, r + 1, r1, res),
-                     row_or_null(&a.z, r + 1, r1, res), sn, D, a.centered,
+                     <void*>row_or_null(&a.z, r + 1, r1, res), sn, D, a.centered,
                      row_or_null(&a.x, r + 2, r1), row_or_null(&a.res, r + 2, r1, res),
                      a.stream)
         else:
             forward_exact(a, w, b, r, k, buf)
             if r + 1 < r1:
                 row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r + 1),
-                         row_or_null(&a.res, r + 1, r1, res), row_or_null(&a.z, r + 1, r1, res),
+                         row_or_null(&a.res, r + 1, r1, res), <void*>row_or_null(&a.z, r + 1, r1, res),
                          sn, D, a.centered)
         if mean_out != NULL:
             mean_out[r] = k[0]

@@ -134,7 +134,16 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
         for (size_t o_ = 0; o_ < LNF_LANES * sizeof(LNF_S); o_ += 64)              \
             LNF_PREFETCH((const char *)((p) + (j)) + LNF_PREFETCH_BYTES + o_);     \
     } while (0)
-#define LNF_SPILL(s, acc) memcpy((s), (acc), sizeof(acc))
+/* lnf_fold of the lanes acc[0] (0-7) and acc[1] (8-15), in registers:
+ * the same additions in the same order, without the round trip through
+ * memory (a quarter of a 64-element row's sweep). */
+#define LNF_FOLD(s, acc)                                                          \
+    ({                                                                            \
+        lnf_vd v_ = (acc)[0] + (acc)[1];                                          \
+        ((v_[0] + v_[4]) + (v_[2] + v_[6])) + ((v_[1] + v_[5]) + (v_[3] + v_[7])); \
+    })
+#else
+#define LNF_FOLD(s, acc) lnf_fold(s)
 #endif
 
 /* The forward pass over one row's columns, doing up to two things in one
@@ -164,7 +173,10 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
                                               ptrdiff_t n, const LNF_S *xf, const LNF_S *rf,
                                               int stream)
 {
-    double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0}, t1 = 0.0, t2 = 0.0;
+    double t1 = 0.0, t2 = 0.0;
+#if !LNF_VECTOR
+    double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0};   /* the lanes */
+#endif
     ptrdiff_t i = 0;
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
                    && (uintptr_t)y % 16 == 0;
@@ -255,7 +267,6 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
 #undef LNF_MAPV
 #undef LNF_MAPSTEP
 #undef LNF_NEXT
-    LNF_SPILL(s1, a), LNF_SPILL(s2, c);
 #else
     ptrdiff_t body = n - n % LNF_LANES;
     if (x != NULL)
@@ -294,8 +305,8 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
         _mm_sfence();   /* streaming stores are weakly ordered */
 #endif
     if (xn != NULL) {
-        s[0] = lnf_fold(s1) + t1;
-        s[1] = lnf_fold(s2) + t2;
+        s[0] = LNF_FOLD(s1, a) + t1;
+        s[1] = LNF_FOLD(s2, c) + t2;
         s[2] = shift;
     }
 }
@@ -323,8 +334,10 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
                                                    ptrdiff_t n, const LNF_S *xf,
                                                    const LNF_S *dyf, int stream)
 {
-    double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
     double td = 0.0, tg = 0.0, tgd = 0.0;
+#if !LNF_VECTOR
+    double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
+#endif
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
                    && (uintptr_t)dx % 16 == 0;
     (void)nt;   /* (unused by the plain C loops) */
@@ -416,7 +429,6 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
     }
 #undef LNF_MAP
 #undef LNF_TERMS
-    LNF_SPILL(sd, a), LNF_SPILL(sg, b), LNF_SPILL(sgd, c);
 #else
     ptrdiff_t body = n - n % LNF_LANES;
     if (x != NULL)
@@ -456,9 +468,9 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
         _mm_sfence();
 #endif
     if (xn != NULL) {
-        out[0] = lnf_fold(sd) + td;
-        out[1] = lnf_fold(sg) + tg;
-        out[2] = lnf_fold(sgd) + tgd;
+        out[0] = LNF_FOLD(sd, a) + td;
+        out[1] = LNF_FOLD(sg, b) + tg;
+        out[2] = LNF_FOLD(sgd, c) + tgd;
     }
 }
 
@@ -481,7 +493,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_ZERO
 #undef LNF_AHEAD
 #undef LNF_PREFETCH_OUT
-#undef LNF_SPILL
+#undef LNF_FOLD
 #undef LNF_LINE
 #undef LNF_STEP
 #undef LNF_FN
