@@ -126,6 +126,9 @@ def test_bad_residual_and_dz(rng):
         lnfast.add_layer_norm_forward(x, r.astype(np.float32))
     with pytest.raises(TypeError, match="residual"):
         lnfast.add_layer_norm_forward(x, r.tolist())
+    for xs in (x, x[:, ::2], x[:0]):       # the one-step path too (contiguous x)
+        with pytest.raises(TypeError, match="residual"):
+            lnfast.add_layer_norm_forward(xs, None)
     _, z, mean, rstd = lnfast.add_layer_norm_forward(x, r)
     with pytest.raises(ValueError, match="dz"):
         lnfast.add_layer_norm_backward(x, z, mean, rstd, dz=x[:3])

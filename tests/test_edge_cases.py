@@ -84,6 +84,35 @@ def test_float32_rows_near_the_overflow_threshold():
     assert ref.rel_error(yr, ref.rms_norm_forward(x[:1], eps=0.0)[0]) <= 2e-6
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_float32_backward_rows_whose_terms_overflow(dtype):
+    # x near float32's limit (x - mean overflows), then dy * weight past it:
+    # such rows are redone in float64, and their true gradients fit.
+    x = np.array([[3e38, 3e38, -3e38], [1, 2, 4]], np.float32)
+    dy = np.array([[1, -2, .5], [1, -1, 2]], np.float32)
+    w = np.array([1.0, 1e10, 3.0], np.float32)
+    dy2 = np.array([[1e30, -2e30, 5e29], [1, -1, 2]], np.float32)
+    x2 = np.array([[1e6, 2e6, -1e6], [1, 2, 4]], np.float32)
+    for x, dy, w, dz in ((x, dy, None, None), (x2, dy2, w, None), (x2, dy2, w, x2)):
+        x, dy = x.astype(dtype), dy.astype(dtype)
+        _, mean, rstd = lnfast.layer_norm_forward(x, w)
+        want = ref.layer_norm_backward(dy, x, mean, rstd, w)
+        got = lnfast.layer_norm_backward(dy, x, mean, rstd, w)
+        if dz is not None:          # the fused backward adds dz after the map
+            dz = dz.astype(dtype)
+            got = lnfast.add_layer_norm_backward(dy, x, mean, rstd, w, dz=dz)
+            want = (ref._f64(want[0]) + ref._f64(dz), *want[1:])
+        u = 2.0**-24 if dtype is np.float32 else 2.0**-8
+        for g, r in zip(got, want):
+            assert np.isfinite(g.astype(np.float64)).all()
+            assert ref.rel_error(g, r) <= 2 * u
+        _, rstd_r = lnfast.rms_norm_forward(x, w)
+        got = lnfast.rms_norm_backward(dy, x, rstd_r, w)
+        want = ref.rms_norm_backward(dy, x, rstd_r, w)
+        for g, r in zip(got, want):
+            assert np.isfinite(g.astype(np.float64)).all() and ref.rel_error(g, r) <= 2 * u
+
+
 def test_bfloat16_gradients_are_rounded_once():
     # Three rows of dy in three different float32 runs (_cpu.pyx RUN_ROWS = 16
     # rows each), so their float64 sum is exact, just above a bfloat16 tie.

@@ -28,6 +28,13 @@ def test_environment_variable(monkeypatch):
     monkeypatch.setenv("LNFAST_NUM_THREADS", "zero")
     with pytest.raises(ValueError, match="LNFAST_NUM_THREADS"):
         lnfast.get_num_threads()
+    for bad in ("zero", "0", "1025"):    # small calls (one thread) check it too
+        monkeypatch.setenv("LNFAST_NUM_THREADS", bad)
+        for shape in ((4, 8), (256, 256)):
+            with pytest.raises(ValueError, match="LNFAST_NUM_THREADS"):
+                lnfast.layer_norm(np.ones(shape, np.float32))
+    monkeypatch.setenv("LNFAST_NUM_THREADS", "1024")
+    assert lnfast.get_num_threads() == 1024
 
 
 def test_threadpoolctl_limits_the_default(monkeypatch):
@@ -42,7 +49,7 @@ def test_threadpoolctl_limits_the_default(monkeypatch):
         assert lnfast.get_num_threads() == 2
 
 
-@pytest.mark.parametrize("n,exc", [(0, ValueError), (-2, ValueError),
+@pytest.mark.parametrize("n,exc", [(0, ValueError), (-2, ValueError), (1025, ValueError),
                                    (1.5, TypeError), ("4", TypeError)])
 def test_bad_thread_counts(n, exc):
     with pytest.raises(exc, match=r"\bn\b"):

@@ -435,8 +435,7 @@ cdef inline bint sums_finite(const double* s) noexcept nogil:
 
 cdef inline void row_grad_sums_exact(const real* x, const real* dy, const real* w,
                                      Py_ssize_t D, real mean, double* s) noexcept nogil:
-    """The backward row sums with float64 terms: for float32 rows whose
-    terms overflow float32 (the sums came out infinite or NaN)."""
+    """The backward row sums with float64 terms (backward_exact)."""
     cdef double d, g
     cdef Py_ssize_t i
     s[0] = s[1] = s[2] = 0.0
@@ -649,13 +648,47 @@ cdef inline void end_of_run(const Rows* a, real* g, double* dw, Py_ssize_t i,
         lnf_add_run(dw, g, 2 * a.D if a.centered else a.D, i < RUN_ROWS)
 
 
+cdef void backward_exact(const Rows* a, const real* w, const real* mean, const real* rstd,
+                         Py_ssize_t r, real* g, real* buf) noexcept nogil:
+    """Row r in float64 throughout, for float32 rows whose float32 sums came
+    out infinite or NaN: their differences and products overflow float32 in
+    the map too (x near float32's limit, or dy * weight past it), where the
+    true dx and dweight terms may be finite.  Rows are gathered into `buf`
+    (4 rows) where not contiguous float32; dx and the terms are rounded
+    once to float32 (16-bit dx: then to 16 bits, as the forward's
+    row_exact)."""
+    cdef Py_ssize_t i, D = a.D
+    cdef double s[3]
+    cdef double m = mean[r] if a.centered else 0.0
+    cdef double rs = rstd[r], c, mg, mgx, xh, d
+    cdef const real* xr = load_row(&a.x, r, D, buf)
+    cdef const real* dyr = load_row(&a.dy, r, D, buf + D)
+    cdef real* dxr = out_row(&a.dx, r, buf + 2 * D)
+    cdef const real* dzr = load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL
+    row_grad_sums_exact(xr, dyr, w, D, <real>m, s)
+    c = s[0] / D if a.centered else 0.0
+    mg = s[1] / D if a.centered else 0.0
+    mgx = rs * (s[2] - c * s[1]) / D
+    for i in range(D):
+        xh = ((xr[i] - m) - c) * rs
+        d = rs * ((<double>dyr[i] * w[i] - mg) - xh * mgx)
+        if dzr != NULL:
+            d += dzr[i]
+        dxr[i] = <real>d
+        g[i] += <real>(dyr[i] * xh)
+        if a.centered:
+            g[D + i] += dyr[i]
+    if buf != NULL and dxr == buf + 2 * D:
+        store_row(&a.dx, r, D, dxr)
+
+
 cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
                                 double* dw, real* g, real* buf) noexcept nogil:
     """Rows r0..r1-1 of direct arrays, in order, software-pipelined as
     forward_block: one sweep maps row r (dx, and its terms into g[0:D],
-    g[D:2D], see RUN_ROWS) and sums row r + 1.  buf: 2 rows of scratch
-    for the rare rows of 16-bit data."""
+    g[D:2D], see RUN_ROWS) and sums row r + 1.  buf: 4 rows of scratch
+    for the rare rows of 16-bit data (backward_exact)."""
     cdef Py_ssize_t r, D = a.D
     cdef int st = a.x.storage
     cdef double s[3]
@@ -667,8 +700,12 @@ cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                   row_ptr(&a.dy, r0), mean[r0] if c else 0, s, w, D)
     for r in range(r0, r1):
         if real is float and not sums_finite(s):
-            row_grad_sums_exact(load_row(&a.x, r, D, buf), load_row(&a.dy, r, D, buf + D),
-                                w, D, mean[r] if c else 0, s)
+            backward_exact(a, w, mean, rstd, r, g, buf)
+            if r + 1 < r1:
+                row_grad_pipe(st, NULL, NULL, NULL, NULL, NULL, NULL, NULL, row_ptr(&a.x, r + 1),
+                              row_ptr(&a.dy, r + 1), mean[r + 1] if c else 0, s, w, D)
+            end_of_run(a, g, dw, r - r0, r1 - r0)
+            continue
         row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k)
         row_grad_pipe(st, row_ptr(&a.x, r), row_ptr(&a.dy, r),
                       row_or_null(&a.dz, r, r1, a.has_dz), row_ptr(&a.dx, r), k, g,
@@ -694,7 +731,8 @@ cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
     cdef real* dxr = out_row(&a.dx, r, buf + 2 * D)
     row_grad_pipe(NATIVE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, xr, dyr, m, s, w, D)
     if real is float and not sums_finite(s):
-        row_grad_sums_exact(xr, dyr, w, D, m, s)
+        backward_exact(a, w, mean, rstd, r, g, buf)
+        return
     row_grad_scalars(s, D, a.centered, m, rstd[r], k)
     row_grad_pipe(NATIVE, xr, dyr, load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL,
                   dxr, k, g, g + D if a.centered else NULL, NULL, NULL, 0, s, w, D)

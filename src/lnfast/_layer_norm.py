@@ -70,9 +70,10 @@ def add_layer_norm_forward(x, residual, weight=None, bias=None, *, eps=1e-5):
 
     One pass reads x and residual and writes y and z: (y, z, mean, rstd).
     """
-    done = forward_common(x, residual, weight, bias, eps, True, True)
-    if done is not None:
-        return done
+    if residual is not None:     # (None is for forward_common's plain LayerNorm)
+        done = forward_common(x, residual, weight, bias, eps, True, True)
+        if done is not None:
+            return done
     eps = _check_forward(x, weight, bias, eps)
     _checks.like("residual", residual, x)
     kernels = backend("x residual weight bias", x, residual, weight, bias)

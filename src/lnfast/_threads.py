@@ -12,7 +12,10 @@ from lnfast import _cpu
 
 _requested = None
 _forked = False
-_MAX_THREADS = 1 << 16
+# Each thread of a team is an OS thread: far more than any machine's cores
+# only wears the memory bus, and tens of thousands make GNU OpenMP abort the
+# process when it cannot create them.
+_MAX_THREADS = 1024
 
 # The variable is read on every call, so it may change at run time.  CPython's
 # os.environ finds a missing key by raising KeyError inside (0.5 us, a tenth
@@ -60,8 +63,21 @@ def get_num_threads():
         return 1
     if _requested is not None:
         return _requested
+    n = _env_threads()
+    return n if n else _cpu.omp_max_threads()
+
+
+_env_seen = _env_count = None
+
+
+def _env_threads():
+    """LNFAST_NUM_THREADS as a count, or None when unset or empty; a bad
+    value raises.  Parsed again only when the variable changes."""
+    global _env_seen, _env_count
     env = _ENV.get(_ENV_KEY)
-    if env:
+    if not env:
+        return None
+    if env is not _env_seen:
         try:
             n = int(env)        # (int() reads bytes too)
         except ValueError:
@@ -70,10 +86,16 @@ def get_num_threads():
             raise ValueError(
                 f"LNFAST_NUM_THREADS must be an integer from 1 to {_MAX_THREADS}, "
                 f"got {os.environ['LNFAST_NUM_THREADS']!r}")
-        return n
-    return _cpu.omp_max_threads()
+        _env_seen, _env_count = env, n
+    return _env_count
 
 
 def threads_for(n_elements, min_elements=PARALLEL_MIN_ELEMENTS):
-    """Threads to use for a call touching `n_elements` elements."""
-    return get_num_threads() if n_elements >= min_elements else 1
+    """Threads to use for a call touching `n_elements` elements.  Small calls
+    run on one thread but still check LNFAST_NUM_THREADS, so that a bad value
+    fails on every call, not only on large ones."""
+    if n_elements >= min_elements:
+        return get_num_threads()
+    if _requested is None:
+        _env_threads()
+    return 1
