@@ -46,8 +46,15 @@ def test_bench_prints_a_table_and_writes_json(tmp_path):
 
 
 def test_bench_rejects_a_bad_shape():
-    p = run("bench", "--shapes", "64by256")
-    assert p.returncode != 0 and "MxD" in p.stderr
+    for shape in ("64by256", "0x5", "5x0"):
+        p = run("bench", "--shapes", shape)
+        assert p.returncode != 0 and "MxD" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_bench_rejects_counts_below_one():
+    for option, value in (("--threads", "0"), ("--repeat", "0"), ("--repeat", "-1")):
+        p = run("bench", option, value)
+        assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr
 
 
 def test_bench_gpu_explains_what_it_needs():

@@ -35,8 +35,8 @@ def add_arguments(p):
     p.add_argument("--shapes", nargs="+", metavar="MxD", help=f"default: {' '.join(DEFAULT_SHAPES)}")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
                    help="default: all four")
-    p.add_argument("--threads", type=int, default=None, help="lnfast and torch threads")
-    p.add_argument("--repeat", type=int, default=None, help="timed calls per case")
+    p.add_argument("--threads", type=_positive, default=None, help="lnfast and torch threads")
+    p.add_argument("--repeat", type=_positive, default=None, help="timed calls per case")
     p.add_argument("--functions", nargs="+", choices=["layer_norm", "add_layer_norm", "rms_norm"],
                    help="default: all")
     p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
@@ -46,11 +46,26 @@ def add_arguments(p):
                    help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
 
 
+def _positive(text):
+    """An argparse type: an integer of at least 1."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def _shape(text):
     try:
         m, d = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise SystemExit(f"--shapes: expected MxD such as 8192x1024, got {text!r}")
+        m = d = 0
+    if m < 1 or d < 1:
+        raise SystemExit(f"--shapes: expected MxD of positive integers such as 8192x1024, "
+                         f"got {text!r}")
     return m, d
 
 

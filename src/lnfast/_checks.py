@@ -65,9 +65,8 @@ def param(name, p, D, dtype):
         return None
     array(name, p)
     if p.dtype != dtype and p.dtype != np.float32:
-        raise TypeError(
-            f"{name} must have dtype {dtype} (that of x) or float32, got {p.dtype}"
-        )
+        also = "" if dtype == np.float32 else " or float32"
+        raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {p.dtype}")
     if p.shape != (D,):
         raise ValueError(f"{name} must have shape ({D},), got {p.shape}")
     return p
