@@ -67,17 +67,18 @@ def get_num_threads():
     return n if n else _cpu.omp_max_threads()
 
 
-_env_seen = _env_count = None
+_env_parsed = (None, None)     # (the variable's value, its count): one object, thread-safe
 
 
 def _env_threads():
     """LNFAST_NUM_THREADS as a count, or None when unset or empty; a bad
     value raises.  Parsed again only when the variable changes."""
-    global _env_seen, _env_count
+    global _env_parsed
     env = _ENV.get(_ENV_KEY)
     if not env:
         return None
-    if env is not _env_seen:
+    seen, n = _env_parsed
+    if env is not seen:
         try:
             n = int(env)        # (int() reads bytes too)
         except ValueError:
@@ -86,8 +87,8 @@ def _env_threads():
             raise ValueError(
                 f"LNFAST_NUM_THREADS must be an integer from 1 to {_MAX_THREADS}, "
                 f"got {os.environ['LNFAST_NUM_THREADS']!r}")
-        _env_seen, _env_count = env, n
-    return _env_count
+        _env_parsed = (env, n)
+    return n
 
 
 def threads_for(n_elements, min_elements=PARALLEL_MIN_ELEMENTS):
