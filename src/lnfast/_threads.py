@@ -97,6 +97,6 @@ def threads_for(n_elements, min_elements=PARALLEL_MIN_ELEMENTS):
     fails on every call, not only on large ones."""
     if n_elements >= min_elements:
         return get_num_threads()
-    if _requested is None:
-        _env_threads()
+    if _requested is None and _ENV.get(_ENV_KEY) is not _env_parsed[0]:
+        _env_threads()          # (a new value: parse it, raising if bad)
     return 1
