@@ -8,6 +8,7 @@ second copy moves as many bytes as the kernel must ("% same"), so that both
 touch the same amount of memory: a kernel touching three or four arrays may
 spill from a cache that holds a copy of x.
 """
+import argparse
 import json
 import platform
 import sys
@@ -48,7 +49,6 @@ def add_arguments(p):
 
 def _positive(text):
     """An argparse type: an integer of at least 1."""
-    import argparse
     try:
         n = int(text)
     except ValueError:
