@@ -32,5 +32,6 @@ if __name__ == "__main__":
     data = json.load(open(sys.argv[1]))
     m = data["machine"]
     print(f"{m['platform']}, {m['threads']} threads, lnfast {m['lnfast']}, "
-          f"NumPy {m['numpy']}, PyTorch {m['torch']}")
+          f"NumPy {m['numpy']}, PyTorch {m['torch']}"
+          + (f", {m['sweeps']} sweeps" if "sweeps" in m else ""))
     print(tables(data["results"]))

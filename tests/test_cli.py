@@ -45,6 +45,19 @@ def test_bench_prints_a_table_and_writes_json(tmp_path):
             assert r["same_copy_gbs"] == r["copy_gbs"]
 
 
+def test_bench_runs_a_lesser_instruction_set(tmp_path):
+    # --isa portable: the baseline sweeps, named in the header and the JSON
+    path = tmp_path / "bench.json"
+    p = run("bench", "--quick", "--no-numpy", "--shapes", "64x256", "--dtypes", "float32",
+            "--functions", "layer_norm", "--repeat", "3", "--isa", "portable",
+            "--json", str(path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "baseline sweeps" in p.stdout
+    assert json.loads(path.read_text())["machine"]["sweeps"] == "baseline"
+    p = run("bench", "--isa", "avx1024")
+    assert p.returncode == 2 and "--isa" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_bench_rejects_a_bad_shape():
     for shape in ("64by256", "0x5", "5x0"):
         p = run("bench", "--shapes", shape)

@@ -12,7 +12,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 HALVES = [F16, BF16]
 UNIT_ROUNDOFF = {F16: 2.0**-11, BF16: 2.0**-8}
-# the 16-bit conversion code, best first (_cpu.half_paths)
+# the 16-bit conversion code, best first (_cpu.simd_path)
 PATHS = ["best", "avx512", "avx2", "portable"]
 
 
@@ -24,9 +24,9 @@ def ids(dt):
 
 @pytest.fixture(params=PATHS)
 def conversion_path(request):
-    _cpu.half_paths(request.param)
+    _cpu.simd_path(request.param)
     yield request.param
-    _cpu.half_paths("best")
+    _cpu.simd_path("best")
 
 
 def widen(a):
@@ -395,7 +395,7 @@ def test_nan_payloads_are_the_same_on_every_path(dtype):
     x = x.view(dtype).reshape(-1, 32)
     got = []
     for path in PATHS:
-        _cpu.half_paths(path)
+        _cpu.simd_path(path)
         try:
             z = lnfast.add_layer_norm_forward(x, np.zeros_like(x))[1]
             strided = np.zeros((x.shape[0], 64), dtype)[:, ::2]
@@ -403,7 +403,7 @@ def test_nan_payloads_are_the_same_on_every_path(dtype):
             got += [z.view(np.uint16), np.ascontiguousarray(strided).view(np.uint16),
                     lnfast.layer_norm(x).view(np.uint16)]
         finally:
-            _cpu.half_paths("best")
+            _cpu.simd_path("best")
     assert all(np.array_equal(g, got[0]) for g in got[::3])
     assert all(np.array_equal(g, got[1]) for g in got[1::3] + got[2::3])
     with np.errstate(invalid="ignore"):

@@ -43,6 +43,9 @@ def add_arguments(p):
     p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--isa", choices=["best", "avx512", "avx2", "portable"], default="best",
+                   help="run lnfast's row sweeps built for a lesser instruction set than the "
+                        "CPU's best (what CPUs without it get); default: best")
     p.add_argument("--gpu", action="store_true",
                    help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
 
@@ -225,6 +228,7 @@ def run(args):
     if args.threads is not None:
         lnfast.set_num_threads(args.threads)
     threads = get_num_threads()
+    sweeps = _cpu.simd_path(args.isa)
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(threads)
@@ -250,12 +254,14 @@ def run(args):
                 "copy_gbs": copy_gbs[2], "same_copy_gbs": copy_gbs[TRAFFIC[func]],
                 "peak_mib": _peak_bytes(fn) / 2**20 if impl == "lnfast" else None,
             })
+    _cpu.simd_path("best")
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     impls = list(dict.fromkeys(r["impl"] for r in results))
-    _print_tables(results, threads, torch)
+    _print_tables(results, threads, torch, sweeps)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": _machine(threads, torch), "results": results}, f, indent=1)
+            json.dump({"machine": {**_machine(threads, torch), "sweeps": sweeps},
+                       "results": results}, f, indent=1)
         print(f"wrote {args.json}")
     if args.plot:
         _plot(results, impls, args.plot)
@@ -284,10 +290,10 @@ def table_groups(results):
         yield func, dtype, others, shapes
 
 
-def _print_tables(results, threads, torch):
+def _print_tables(results, threads, torch, sweeps):
     print(f"lnfast {lnfast.__version__} | numpy {np.__version__}"
           f"{' | torch ' + torch.__version__ if torch else ' | torch not installed'}"
-          f" | {threads} threads | {platform.machine()}")
+          f" | {threads} threads | {platform.machine()} | {sweeps} sweeps")
     for func, dtype, others, shapes in table_groups(results):
         print(f"\n{func}, {dtype}  (median ms; GB/s = bytes a perfect kernel moves / time)")
         head = (f"{'shape':>11} {'copy GB/s':>9} | {'lnfast ms':>9} {'GB/s':>6} "

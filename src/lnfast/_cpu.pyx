@@ -131,15 +131,17 @@ def round_to_16bit(cnp.ndarray a, bint bfloat16):
     return out
 
 
-def half_paths(str path):
-    """Which 16-bit conversion code runs: "best" (AVX-512 with its BF16
-    instructions, else AVX-512, else AVX2, with F16C for float16, where the
-    CPU has them; on aarch64 its float16 conversions), "avx512" (no BF16
-    instructions), "avx2" (no AVX-512) or "portable".  Returns whether the
-    CPU has F16C.  For tests."""
-    global lnf_half_path
-    lnf_half_path = {"best": 0, "avx512": 1, "avx2": 2, "portable": 3}[path]
-    return bool(lnf_has_f16c())
+def simd_path(str path):
+    """Which code the row sweeps and 16-bit row conversions run: "best"
+    (AVX-512 with its BF16 instructions, else AVX-512, else AVX2, with F16C
+    for float16, where the CPU has them; on aarch64 its 16-bit conversions),
+    "avx512" (no BF16 instructions), "avx2" (no AVX-512) or "portable" (the
+    SSE2 or NEON baseline).  Returns the build float32 rows then run:
+    "avx512", "avx2" or "baseline".  For tests and benchmarks: every path
+    gives the same bits."""
+    global lnf_simd_path
+    lnf_simd_path = {"best": 0, "avx512": 1, "avx2": 2, "portable": 3}[path]
+    return ("baseline", "avx2", "avx512")[lnf_sweep_level(0)]
 
 
 def omp_max_threads():
@@ -220,7 +222,8 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     void lnf_narrow_f16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     void lnf_widen_bf16(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
     void lnf_narrow_bf16(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
-    int lnf_half_path
+    int lnf_simd_path
+    int lnf_sweep_level(int f16c)
     uint16_t lnf_f32_to_bf16(float v)
     uint16_t lnf_f32_to_f16(float v)
     float lnf_f64_to_f32_odd(double v)

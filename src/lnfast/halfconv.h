@@ -111,47 +111,48 @@ LNF_DISPATCH static void lnf_f64_to_f32_odd_row(const double *__restrict src,
 }
 
 #if LNF_VECTOR
-/* The same conversions on 16 values at once, for the row sweeps. */
-#define LNF_VSPLAT(u) ((lnf_vu32){0} + (uint32_t)(u))
+/* The same conversions on 4 values at once, for the baseline row sweeps
+ * (SSE2; NEON when tests ask for the portable code). */
+#define LNF_VSPLAT(u) ((lnf_vu32x4){0} + (uint32_t)(u))
 #define LNF_VSELECT(m, a, b) (((m) & (a)) | (~(m) & (b)))
 
-static inline __attribute__((always_inline)) lnf_vf lnf_vwiden_bf16(lnf_vu16 h)
+static inline __attribute__((always_inline)) lnf_vf4 lnf_vwiden_bf16(lnf_vh4 h)
 {
-    return (lnf_vf)(__builtin_convertvector(h, lnf_vu32) << 16);
+    return (lnf_vf4)(__builtin_convertvector(h, lnf_vu32x4) << 16);
 }
 
-static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_bf16(lnf_vf v)
+static inline __attribute__((always_inline)) lnf_vh4 lnf_vnarrow_bf16(lnf_vf4 v)
 {
-    lnf_vu32 u = (lnf_vu32)v;
-    lnf_vu32 nan = (lnf_vu32)((u & 0x7fffffffu) > 0x7f800000u);
-    lnf_vu32 r = LNF_VSELECT(nan, (u >> 16) | 0x40u, (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return __builtin_convertvector(r, lnf_vu16);
+    lnf_vu32x4 u = (lnf_vu32x4)v;
+    lnf_vu32x4 nan = (lnf_vu32x4)((u & 0x7fffffffu) > 0x7f800000u);
+    lnf_vu32x4 r = LNF_VSELECT(nan, (u >> 16) | 0x40u, (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return __builtin_convertvector(r, lnf_vh4);
 }
 
-static inline __attribute__((always_inline)) lnf_vf lnf_vwiden_f16(lnf_vu16 h16)
+static inline __attribute__((always_inline)) lnf_vf4 lnf_vwiden_f16(lnf_vh4 h16)
 {
     const uint32_t exp_mask = 0x7c00u << 13;
-    lnf_vu32 h = __builtin_convertvector(h16, lnf_vu32);
-    lnf_vu32 o = (h & 0x7fffu) << 13, exp = o & exp_mask;
+    lnf_vu32x4 h = __builtin_convertvector(h16, lnf_vu32x4);
+    lnf_vu32x4 o = (h & 0x7fffu) << 13, exp = o & exp_mask;
     o += (uint32_t)(127 - 15) << 23;
-    o += (lnf_vu32)(exp == exp_mask) & ((uint32_t)(128 - 16) << 23);
-    lnf_vu32 sub = (lnf_vu32)((lnf_vf)(o + (1u << 23)) - (lnf_vf)LNF_VSPLAT(113u << 23));
-    o = LNF_VSELECT((lnf_vu32)(exp == 0), sub, o);
-    return (lnf_vf)(o | ((h & 0x8000u) << 16));
+    o += (lnf_vu32x4)(exp == exp_mask) & ((uint32_t)(128 - 16) << 23);
+    lnf_vu32x4 sub = (lnf_vu32x4)((lnf_vf4)(o + (1u << 23)) - (lnf_vf4)LNF_VSPLAT(113u << 23));
+    o = LNF_VSELECT((lnf_vu32x4)(exp == 0), sub, o);
+    return (lnf_vf4)(o | ((h & 0x8000u) << 16));
 }
 
-static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_f16(lnf_vf v)
+static inline __attribute__((always_inline)) lnf_vh4 lnf_vnarrow_f16(lnf_vf4 v)
 {
     const uint32_t f16_overflow = (uint32_t)(127 + 16) << 23;
     const uint32_t denorm_magic = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
-    lnf_vu32 f = (lnf_vu32)v, sign = f & 0x80000000u;
+    lnf_vu32x4 f = (lnf_vu32x4)v, sign = f & 0x80000000u;
     f ^= sign;
-    lnf_vu32 big = 0x7c00u | ((lnf_vu32)(f > 0x7f800000u) & (0x0200u | (f >> 13 & 0x3ffu)));
-    lnf_vu32 small = (lnf_vu32)((lnf_vf)f + (lnf_vf)LNF_VSPLAT(denorm_magic)) - denorm_magic;
-    lnf_vu32 normal = (f + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
-    lnf_vu32 o = LNF_VSELECT((lnf_vu32)(f >= f16_overflow), big,
-                             LNF_VSELECT((lnf_vu32)(f < (113u << 23)), small, normal));
-    return __builtin_convertvector(o | (sign >> 16), lnf_vu16);
+    lnf_vu32x4 big = 0x7c00u | ((lnf_vu32x4)(f > 0x7f800000u) & (0x0200u | (f >> 13 & 0x3ffu)));
+    lnf_vu32x4 small = (lnf_vu32x4)((lnf_vf4)f + (lnf_vf4)LNF_VSPLAT(denorm_magic)) - denorm_magic;
+    lnf_vu32x4 normal = (f + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
+    lnf_vu32x4 o = LNF_VSELECT((lnf_vu32x4)(f >= f16_overflow), big,
+                               LNF_VSELECT((lnf_vu32x4)(f < (113u << 23)), small, normal));
+    return __builtin_convertvector(o | (sign >> 16), lnf_vh4);
 }
 #undef LNF_VSPLAT
 #undef LNF_VSELECT
@@ -193,30 +194,16 @@ static inline __attribute__((always_inline)) uint16x4_t lnf_narrow4_bf16(float32
     return vbsl_u16(number, rne, nan);
 }
 
-/* 16 values (the sweeps) and rows of contiguous values (the row
+/* 4 values (the sweeps) and rows of contiguous values (the row
  * conversions, with the portable code's scalar tail). */
 #define LNF_A64_CONVERSIONS(NAME)                                                      \
-    static inline __attribute__((always_inline)) lnf_vf lnf_vwiden_##NAME##a64(lnf_vu16 h) \
+    static inline __attribute__((always_inline)) lnf_vf4 lnf_vwiden_##NAME##a64(lnf_vh4 h) \
     {                                                                                  \
-        uint16x4_t in[4];                                                              \
-        float32x4_t out[4];                                                            \
-        memcpy(in, &h, sizeof in);                                                     \
-        for (int k = 0; k < 4; k++)                                                    \
-            out[k] = lnf_widen4_##NAME(in[k]);                                         \
-        lnf_vf v;                                                                      \
-        memcpy(&v, out, sizeof v);                                                     \
-        return v;                                                                      \
+        return (lnf_vf4)lnf_widen4_##NAME((uint16x4_t)h);                              \
     }                                                                                  \
-    static inline __attribute__((always_inline)) lnf_vu16 lnf_vnarrow_##NAME##a64(lnf_vf v) \
+    static inline __attribute__((always_inline)) lnf_vh4 lnf_vnarrow_##NAME##a64(lnf_vf4 v) \
     {                                                                                  \
-        float32x4_t in[4];                                                             \
-        uint16x4_t out[4];                                                             \
-        memcpy(in, &v, sizeof in);                                                     \
-        for (int k = 0; k < 4; k++)                                                    \
-            out[k] = lnf_narrow4_##NAME(in[k]);                                        \
-        lnf_vu16 h;                                                                    \
-        memcpy(&h, out, sizeof h);                                                     \
-        return h;                                                                      \
+        return (lnf_vh4)lnf_narrow4_##NAME((float32x4_t)v);                            \
     }                                                                                  \
     static void lnf_widen_##NAME##_a64(const char *src, float *__restrict dst, ptrdiff_t n) \
     {                                                                                  \
@@ -247,48 +234,34 @@ LNF_A64_CONVERSIONS(bf16)
  * float16 with F16C: one instruction per 16 (AVX-512) or 8 (AVX2) values. */
 #define LNF_F16C(t) static inline __attribute__((target(t), always_inline))
 #define LNF_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-LNF_F16C("avx512f,f16c") lnf_vf lnf_vwiden_f16c512(lnf_vu16 h)
+LNF_F16C("avx512f,f16c") lnf_vf16 lnf_vwiden_f16c512(lnf_vh16 h)
 {
-    return (lnf_vf)_mm512_cvtph_ps((__m256i)h);
+    return (lnf_vf16)_mm512_cvtph_ps((__m256i)h);
 }
 
-LNF_F16C("avx512f,f16c") lnf_vu16 lnf_vnarrow_f16c512(lnf_vf v)
+LNF_F16C("avx512f,f16c") lnf_vh16 lnf_vnarrow_f16c512(lnf_vf16 v)
 {
-    return (lnf_vu16)_mm512_cvtps_ph((__m512)v, LNF_NEAREST);
+    return (lnf_vh16)_mm512_cvtps_ph((__m512)v, LNF_NEAREST);
 }
 
-LNF_F16C("avx2,f16c") lnf_vf lnf_vwiden_f16c256(lnf_vu16 h)
+LNF_F16C("avx2,f16c") lnf_vf8 lnf_vwiden_f16c256(lnf_vh8 h)
 {
-    __m128i half[2];
-    __m256 out[2];
-    memcpy(half, &h, sizeof half);
-    out[0] = _mm256_cvtph_ps(half[0]);
-    out[1] = _mm256_cvtph_ps(half[1]);
-    lnf_vf v;
-    memcpy(&v, out, sizeof v);
-    return v;
+    return (lnf_vf8)_mm256_cvtph_ps((__m128i)h);
 }
 
-LNF_F16C("avx2,f16c") lnf_vu16 lnf_vnarrow_f16c256(lnf_vf v)
+LNF_F16C("avx2,f16c") lnf_vh8 lnf_vnarrow_f16c256(lnf_vf8 v)
 {
-    __m256 in[2];
-    __m128i out[2];
-    memcpy(in, &v, sizeof in);
-    out[0] = _mm256_cvtps_ph(in[0], LNF_NEAREST);
-    out[1] = _mm256_cvtps_ph(in[1], LNF_NEAREST);
-    lnf_vu16 h;
-    memcpy(&h, out, sizeof h);
-    return h;
+    return (lnf_vh8)_mm256_cvtps_ph((__m256)v, LNF_NEAREST);
 }
 
 /* bfloat16 with AVX-512 and AVX2 integer instructions: the portable
  * functions' arithmetic, in the instructions GCC's generic vectors miss. */
-LNF_F16C("avx512f") lnf_vf lnf_vwiden_bf16x512(lnf_vu16 h)
+LNF_F16C("avx512f") lnf_vf16 lnf_vwiden_bf16x512(lnf_vh16 h)
 {
-    return (lnf_vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+    return (lnf_vf16)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
 }
 
-LNF_F16C("avx512f") lnf_vu16 lnf_vnarrow_bf16x512(lnf_vf v)
+LNF_F16C("avx512f") lnf_vh16 lnf_vnarrow_bf16x512(lnf_vf16 v)
 {
     __m512i u = (__m512i)v, hi = _mm512_srli_epi32(u, 16);
     __m512i r = _mm512_srli_epi32(
@@ -297,18 +270,18 @@ LNF_F16C("avx512f") lnf_vu16 lnf_vnarrow_bf16x512(lnf_vf v)
     __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                             _mm512_set1_epi32(0x7f800000));
     r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
-    return (lnf_vu16)_mm512_cvtepi32_epi16(r);
+    return (lnf_vh16)_mm512_cvtepi32_epi16(r);
 }
 
 #if LNF_BF16_SWEEPS
 /* bfloat16 on CPUs with AVX512-BF16 (and BW, DQ).  Widening: vpermw with
  * zero masking puts value k in the high half of lane k, one shuffle instead
  * of a widening move and a shift. */
-LNF_F16C("avx512f,avx512bw") lnf_vf lnf_vwiden_bf16b512(lnf_vu16 h)
+LNF_F16C("avx512f,avx512bw") lnf_vf16 lnf_vwiden_bf16b512(lnf_vh16 h)
 {
     const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
                                          7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
-    return (lnf_vf)_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx,
+    return (lnf_vf16)_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx,
                                                   _mm512_castsi256_si512((__m256i)h));
 }
 
@@ -317,12 +290,12 @@ LNF_F16C("avx512f,avx512bw") lnf_vf lnf_vwiden_bf16b512(lnf_vu16 h)
  * vfpclassps; rare) takes the integer code instead.  About 4 vector
  * operations instead of 10, where narrowing was a third of a bfloat16
  * forward sweep's work. */
-LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vu16 lnf_vnarrow_bf16b512(lnf_vf v)
+LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vh16 lnf_vnarrow_bf16b512(lnf_vf16 v)
 {
     if (__builtin_expect(_mm512_fpclass_ps_mask((__m512)v, 0x20) != 0, 0))
         return lnf_vnarrow_bf16x512(v);
     __m256bh h = _mm512_cvtneps_pbh((__m512)v);
-    lnf_vu16 r;
+    lnf_vh16 r;
     memcpy(&r, &h, sizeof r);
     return r;
 }
@@ -331,15 +304,15 @@ LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vu16 lnf_vnarrow_bf16b512(lnf_vf v)
  * about what vcvtneps2bf16 takes for sixteen (2.3-2.4 cycles each here).
  * The subnormals it flushes come out as zeros, so only a pair with a zero
  * result is classified, and one holding a subnormal takes the integer code. */
-LNF_F16C("avx512f,avx512dq,avx512bw,avx512bf16") lnf_vu16x32 lnf_vnarrow2_bf16b512(lnf_vf a,
-                                                                                   lnf_vf b)
+LNF_F16C("avx512f,avx512dq,avx512bw,avx512bf16") lnf_vh32 lnf_vnarrow2_bf16b512(lnf_vf16 a,
+                                                                                   lnf_vf16 b)
 {
     __m512bh h = _mm512_cvtne2ps_pbh((__m512)b, (__m512)a);
-    lnf_vu16x32 r;
+    lnf_vh32 r;
     memcpy(&r, &h, sizeof r);
     if (__builtin_expect(_mm512_testn_epi16_mask((__m512i)h, _mm512_set1_epi16(0x7fff)) != 0, 0)
         && (_mm512_fpclass_ps_mask((__m512)a, 0x20) | _mm512_fpclass_ps_mask((__m512)b, 0x20))) {
-        lnf_vu16 lo = lnf_vnarrow_bf16x512(a), hi = lnf_vnarrow_bf16x512(b);
+        lnf_vh16 lo = lnf_vnarrow_bf16x512(a), hi = lnf_vnarrow_bf16x512(b);
         memcpy(&r, &lo, sizeof lo);
         memcpy((char *)&r + sizeof lo, &hi, sizeof hi);
     }
@@ -347,38 +320,24 @@ LNF_F16C("avx512f,avx512dq,avx512bw,avx512bf16") lnf_vu16x32 lnf_vnarrow2_bf16b5
 }
 #endif
 
-LNF_F16C("avx2") lnf_vf lnf_vwiden_bf16x256(lnf_vu16 h)
+LNF_F16C("avx2") lnf_vf8 lnf_vwiden_bf16x256(lnf_vh8 h)
 {
-    __m128i half[2];
-    __m256i out[2];
-    memcpy(half, &h, sizeof half);
-    out[0] = _mm256_slli_epi32(_mm256_cvtepu16_epi32(half[0]), 16);
-    out[1] = _mm256_slli_epi32(_mm256_cvtepu16_epi32(half[1]), 16);
-    lnf_vf v;
-    memcpy(&v, out, sizeof v);
-    return v;
+    return (lnf_vf8)_mm256_slli_epi32(_mm256_cvtepu16_epi32((__m128i)h), 16);
 }
 
-LNF_F16C("avx2") lnf_vu16 lnf_vnarrow_bf16x256(lnf_vf v)
+LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
 {
-    __m256i u[2], r[2];
-    memcpy(u, &v, sizeof u);
-    for (int k = 0; k < 2; k++) {
-        __m256i hi = _mm256_srli_epi32(u[k], 16);
-        __m256i rne = _mm256_srli_epi32(
-            _mm256_add_epi32(_mm256_add_epi32(u[k], _mm256_set1_epi32(0x7fff)),
-                             _mm256_and_si256(hi, _mm256_set1_epi32(1))), 16);
-        /* NaN: magnitude above infinity's bits (signed compare is safe:
-         * both sides are below 2^31) */
-        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u[k], _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
-        r[k] = _mm256_blendv_epi8(rne, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
-    }
-    /* packus works within 128-bit lanes: put the halves back in order */
-    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
-    lnf_vu16 h;
-    memcpy(&h, &p, sizeof h);
-    return h;
+    __m256i u = (__m256i)v, hi = _mm256_srli_epi32(u, 16);
+    __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                                     _mm256_and_si256(hi, _mm256_set1_epi32(1))),
+                                    16);
+    /* NaN: magnitude above infinity's bits (signed compare is safe: both
+     * sides are below 2^31) */
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i r = _mm256_blendv_epi8(rne, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    /* every value fits 16 bits: packus keeps them as they are */
+    return (lnf_vh8)_mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 #undef LNF_F16C
 #undef LNF_NEAREST
@@ -468,19 +427,20 @@ static int lnf_has_f16c(void)
 static int lnf_has_f16c(void) { return 0; }
 #endif
 
-/* Which 16-bit code runs, for tests: 0 the best the CPU has, 1 no AVX512-BF16
- * instructions, 2 no AVX-512, 3 the portable code only. */
-static int lnf_half_path = 0;
+/* Which code runs, for tests: 0 the best the CPU has, 1 no AVX512-BF16
+ * instructions, 2 no AVX-512, 3 the baseline (portable) code only.  The row
+ * sweeps of every type (rowops_all.h) and the 16-bit row conversions. */
+static int lnf_simd_path = 0;
 
 static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n)
 {
 #if LNF_HAVE_DISPATCH
-    if (stride == 2 && lnf_half_path < 3 && lnf_has_f16c()) {
+    if (stride == 2 && lnf_simd_path < 3 && lnf_has_f16c()) {
         lnf_widen_f16_f16c(src, dst, n);
         return;
     }
 #elif LNF_A64_SWEEPS
-    if (stride == 2 && lnf_half_path < 3) {
+    if (stride == 2 && lnf_simd_path < 3) {
         lnf_widen_f16_a64(src, dst, n);
         return;
     }
@@ -491,12 +451,12 @@ static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff
 static void lnf_narrow_f16(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n)
 {
 #if LNF_HAVE_DISPATCH
-    if (stride == 2 && lnf_half_path < 3 && lnf_has_f16c()) {
+    if (stride == 2 && lnf_simd_path < 3 && lnf_has_f16c()) {
         lnf_narrow_f16_f16c(src, dst, n);
         return;
     }
 #elif LNF_A64_SWEEPS
-    if (stride == 2 && lnf_half_path < 3) {
+    if (stride == 2 && lnf_simd_path < 3) {
         lnf_narrow_f16_a64(src, dst, n);
         return;
     }
@@ -507,7 +467,7 @@ static void lnf_narrow_f16(const float *src, char *dst, ptrdiff_t stride, ptrdif
 static void lnf_widen_bf16(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n)
 {
 #if LNF_A64_SWEEPS
-    if (stride == 2 && lnf_half_path < 3) {
+    if (stride == 2 && lnf_simd_path < 3) {
         lnf_widen_bf16_a64(src, dst, n);
         return;
     }
@@ -518,7 +478,7 @@ static void lnf_widen_bf16(const char *src, ptrdiff_t stride, float *dst, ptrdif
 static void lnf_narrow_bf16(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n)
 {
 #if LNF_A64_SWEEPS
-    if (stride == 2 && lnf_half_path < 3) {
+    if (stride == 2 && lnf_simd_path < 3) {
         lnf_narrow_bf16_a64(src, dst, n);
         return;
     }

@@ -1,16 +1,17 @@
 /* Row sweeps of the CPU kernels: the inner loops.
  *
- * This file is a template: rowops_all.h includes it once per element type,
- * with LNF_T (float or double), LNF_S (its storage type), LNF_NV (64-byte
- * vectors per LNF_LANES elements) and LNF_STORAGE16 (0, or 1 for 16-bit
- * storage, with its conversions LNF_TO_F32 and LNF_FROM_F32 for one value)
- * defined for a family of instances, and for each instance LNF_SUFFIX,
- * LNF_ATTR (the function attributes) and, for 16-bit storage, LNF_VWIDEN
- * and LNF_VNARROW (16 values) and optionally LNF_VNARROW2 (32 values, from
- * two vectors); the instance's settings are undefined at the end.  The
- * Cython drivers in _cpu.pyx call one sweep per row: lnf_row_pipe (forward)
- * and lnf_row_grad_pipe (backward), each the map of one row together with
- * the sums of the next.
+ * This file is a template: rowops_all.h includes it once per element type
+ * and instruction set.  For a family of instances it defines LNF_T (float
+ * or double), LNF_DOUBLE (1 when LNF_T is double), LNF_S (the storage type)
+ * and LNF_STORAGE16 (0, or 1 for 16-bit storage, with its conversions
+ * LNF_TO_F32 and LNF_FROM_F32 for one value); for each instance
+ * LNF_SUFFIX, LNF_ATTR (the function attributes), LNF_VB (its vector width
+ * in bytes: 64, 32 or 16) and, for 16-bit storage, LNF_VWIDEN and
+ * LNF_VNARROW (one vector's values) and optionally LNF_VNARROW2 (two
+ * vectors' values).  The instance's settings are undefined at the end.
+ * The Cython drivers in _cpu.pyx call one sweep per row: lnf_row_pipe
+ * (forward) and lnf_row_grad_pipe (backward), each the map of one row
+ * together with the sums of the next.
  *
  * Sums run in LNF_LANES float64 lanes, fed in blocks: lane k first adds up
  * LNF_BLOCK elements k, k + LANES, k + 2 LANES, ... in LNF_T, in order, and
@@ -19,15 +20,14 @@
  * of four float32 terms costs about one float32 rounding of a term, far
  * below the output's own rounding.  After the full blocks, single vectors
  * are blocks of one; the n % LANES tail is summed on its own and added
- * last, after the lanes are folded pairwise.  The GCC/clang vector code and
- * the plain C fallback follow exactly this order, so every build and every
- * instruction set gives the same bits.
+ * last, after the lanes are folded pairwise.  The GCC/clang vector code of
+ * every width and the plain C fallback follow exactly this order, so every
+ * build and every instruction set gives the same bits.
  */
 #define LNF_CAT_(a, b) a##_##b
 #define LNF_CAT(a, b) LNF_CAT_(a, b)
 #define LNF_FN(name) LNF_CAT(name, LNF_SUFFIX)
 #define LNF_STEP (LNF_LANES * LNF_BLOCK)
-#define LNF_LINE ((ptrdiff_t)(64 / sizeof(LNF_T)))
 
 /* Row data (x, y, z, dy, dz, dx) is stored as LNF_S: LNF_GET/LNF_PUT read
  * and write one element in LNF_T.  16-bit rows convert exactly when read
@@ -41,11 +41,19 @@
 #endif
 
 #if LNF_VECTOR
-/* LNF_LANES elements are LNF_NV vectors of 64 bytes, loaded and stored
- * without alignment requirements.  Macros, not functions: wide vectors may
- * not cross a call in the baseline (SSE2) build. */
-typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
+/* LNF_LANES elements are LNF_NV vectors of LNF_VE elements, loaded and
+ * stored without alignment requirements; the float64 lanes are LNF_ND
+ * vectors of LNF_VB bytes.  Macros, not functions: vectors may not cross a
+ * call in the baseline (SSE2) build. */
+typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(LNF_VB)));
+typedef double LNF_CAT(lnf_d, LNF_SUFFIX) __attribute__((vector_size(LNF_VB)));
+typedef double LNF_CAT(lnf_dd, LNF_SUFFIX) __attribute__((vector_size(2 * LNF_VB)));
 #define LNF_VT LNF_CAT(lnf_v, LNF_SUFFIX)
+#define LNF_VD LNF_CAT(lnf_d, LNF_SUFFIX)
+#define LNF_VDD LNF_CAT(lnf_dd, LNF_SUFFIX)
+#define LNF_VE ((ptrdiff_t)(LNF_VB / sizeof(LNF_T)))
+#define LNF_NV (LNF_LANES / (int)LNF_VE)
+#define LNF_ND (LNF_LANES * 8 / LNF_VB)
 #define LNF_LOAD(p) ({ LNF_VT v_; memcpy(&v_, (p), sizeof v_); v_; })
 #define LNF_STORE(p, v) do { LNF_VT s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
 #define LNF_SPLAT(s) ((LNF_T)(s) - (LNF_VT){0})
@@ -57,8 +65,10 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_STORES(p, v) LNF_STORE(p, v)
 #define LNF_ROUND(v) (v)
 #else
-#define LNF_LOADS(p) ({ lnf_vu16 h_; memcpy(&h_, (p), sizeof h_); LNF_VWIDEN(h_); })
-#define LNF_STORES(p, v) do { lnf_vu16 h_ = LNF_VNARROW(v); memcpy((p), &h_, sizeof h_); } while (0)
+typedef uint16_t LNF_CAT(lnf_h, LNF_SUFFIX) __attribute__((vector_size(LNF_VB / 2)));
+#define LNF_VH LNF_CAT(lnf_h, LNF_SUFFIX)       /* one vector's 16-bit values */
+#define LNF_LOADS(p) ({ LNF_VH h_; memcpy(&h_, (p), sizeof h_); LNF_VWIDEN(h_); })
+#define LNF_STORES(p, v) do { LNF_VH h_ = LNF_VNARROW(v); memcpy((p), &h_, sizeof h_); } while (0)
 #define LNF_ROUND(v) LNF_VWIDEN(LNF_VNARROW(v))
 #endif
 /* The forward map stores LNF_MAPW vectors at a time: two where the
@@ -67,7 +77,7 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_MAPW 2
 #define LNF_STORESW(p, v)                                                     \
     do {                                                                      \
-        lnf_vu16x32 h2_ = LNF_VNARROW2((v)[0], (v)[1]);                       \
+        lnf_vh32 h2_ = LNF_VNARROW2((v)[0], (v)[1]);                          \
         memcpy((p), &h2_, sizeof h2_);                                        \
     } while (0)
 #else
@@ -94,24 +104,52 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
 #define LNF_OUT(p, v, nt) LNF_STORES(p, v)
 #define LNF_OUTW(p, v, nt) LNF_STORESW(p, v)
 #endif
-/* acc[0], acc[1] (the float64 lanes) += s[0 .. LNF_NV), widened. */
-#if LNF_NV == 1
+/* Half k (0 or 1) of an LNF_VDD.  Converting a vector of floats to an
+ * LNF_VDD and taking halves compiles to full-width conversions; converting
+ * halves of the floats does not (GCC 12). */
+#if defined(__clang__) || __GNUC__ >= 12
+#if LNF_VB == 64
+#define LNF_HALF(v, k) __builtin_shufflevector((v), (v), 8 * (k), 8 * (k) + 1, 8 * (k) + 2, \
+                                               8 * (k) + 3, 8 * (k) + 4, 8 * (k) + 5,     \
+                                               8 * (k) + 6, 8 * (k) + 7)
+#elif LNF_VB == 32
+#define LNF_HALF(v, k) __builtin_shufflevector((v), (v), 4 * (k), 4 * (k) + 1, 4 * (k) + 2, \
+                                               4 * (k) + 3)
+#else
+#define LNF_HALF(v, k) __builtin_shufflevector((v), (v), 2 * (k), 2 * (k) + 1)
+#endif
+#else
+#define LNF_HALF(v, k) \
+    ({ LNF_VD h_; memcpy(&h_, (const char *)&(v) + (k) * sizeof h_, sizeof h_); h_; })
+#endif
+/* The float64 lanes acc[0 .. LNF_ND) += s[0 .. LNF_NV), widened. */
+#if LNF_DOUBLE
 #define LNF_ACC(acc, s)                                                       \
     do {                                                                      \
-        lnf_vd2 w_ = __builtin_convertvector((s)[0], lnf_vd2);                \
-        (acc)[0] += LNF_HALF(w_, 0);                                          \
-        (acc)[1] += LNF_HALF(w_, 1);                                          \
+        for (int u_ = 0; u_ < LNF_NV; u_++)                                   \
+            (acc)[u_] += (s)[u_];                                             \
     } while (0)
 #else
-#define LNF_ACC(acc, s) do { (acc)[0] += (s)[0]; (acc)[1] += (s)[1]; } while (0)
+#define LNF_ACC(acc, s)                                                       \
+    do {                                                                      \
+        for (int u_ = 0; u_ < LNF_NV; u_++) {                                 \
+            LNF_VDD w_ = __builtin_convertvector((s)[u_], LNF_VDD);           \
+            (acc)[2 * u_] += LNF_HALF(w_, 0);                                 \
+            (acc)[2 * u_ + 1] += LNF_HALF(w_, 1);                             \
+        }                                                                     \
+    } while (0)
 #endif
 /* The LNF_LANES values of LNF_T at p += s[0 .. LNF_NV). */
 #define LNF_ACC_MEM(p, s)                                                     \
     do {                                                                      \
         for (int u_ = 0; u_ < LNF_NV; u_++)                                   \
-            LNF_STORE((p) + u_ * LNF_LINE, LNF_LOAD((p) + u_ * LNF_LINE) + (s)[u_]); \
+            LNF_STORE((p) + u_ * LNF_VE, LNF_LOAD((p) + u_ * LNF_VE) + (s)[u_]); \
     } while (0)
-#define LNF_ZERO(acc) ((acc)[0] = (acc)[1] = (lnf_vd){0})
+#define LNF_ZERO(acc)                                                         \
+    do {                                                                      \
+        for (int u_ = 0; u_ < LNF_ND; u_++)                                   \
+            (acc)[u_] = (LNF_VD){0};                                          \
+    } while (0)
 /* Prefetch the lines LNF_PREFETCH_BYTES ahead of the LNF_STEP elements of
  * row p from i, past its end into row pf (NULL: none). */
 #define LNF_AHEAD(p, pf, i, n)                                                     \
@@ -134,14 +172,25 @@ typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(64)));
         for (size_t o_ = 0; o_ < LNF_LANES * sizeof(LNF_S); o_ += 64)              \
             LNF_PREFETCH((const char *)((p) + (j)) + LNF_PREFETCH_BYTES + o_);     \
     } while (0)
-/* lnf_fold of the lanes acc[0] (0-7) and acc[1] (8-15), in registers:
- * the same additions in the same order, without the round trip through
- * memory (262144x64 float32 backward: 37 -> 30 ns per row). */
+/* lnf_fold of the lanes acc[0 .. LNF_ND), in registers: the same additions
+ * in the same order (lane k + h into lane k, h = 8, 4, 2, 1), whole vectors
+ * while h spans them, without the round trip through memory (262144x64
+ * float32 backward: 37 -> 30 ns per row). */
 _Static_assert(LNF_LANES == 16, "LNF_FOLD spells out lnf_fold for 16 lanes");
+#if LNF_VB == 64
+#define LNF_FOLD1(v) \
+    ((((v)[0] + (v)[4]) + ((v)[2] + (v)[6])) + (((v)[1] + (v)[5]) + ((v)[3] + (v)[7])))
+#elif LNF_VB == 32
+#define LNF_FOLD1(v) (((v)[0] + (v)[2]) + ((v)[1] + (v)[3]))
+#else
+#define LNF_FOLD1(v) ((v)[0] + (v)[1])
+#endif
 #define LNF_FOLD(s, acc)                                                          \
     ({                                                                            \
-        lnf_vd v_ = (acc)[0] + (acc)[1];                                          \
-        ((v_[0] + v_[4]) + (v_[2] + v_[6])) + ((v_[1] + v_[5]) + (v_[3] + v_[7])); \
+        for (int h_ = LNF_ND / 2; h_ > 0; h_ /= 2)                                \
+            for (int k_ = 0; k_ < h_; k_++)                                       \
+                (acc)[k_] += (acc)[k_ + h_];                                      \
+        LNF_FOLD1((acc)[0]);                                                      \
     })
 #else
 #define LNF_FOLD(s, acc) lnf_fold(s)
@@ -192,10 +241,11 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     if (xn != NULL && centered)
         shift = LNF_NEXT1(0);
 #if LNF_VECTOR
-    lnf_vd a[2], c[2];
+    LNF_VD a[LNF_ND], c[LNF_ND];
     const LNF_VT sh = LNF_SPLAT(shift), vhi = LNF_SPLAT(hi), vlo = LNF_SPLAT(lo),
                  vrs = LNF_SPLAT(rs);
-    LNF_ZERO(a), LNF_ZERO(c);
+    LNF_ZERO(a);
+    LNF_ZERO(c);
 #define LNF_MAPV(j)                                                                \
     ({                                                                             \
         LNF_VT xv_ = LNF_LOADS(x + (j)), wv_ = LNF_LOAD(w + (j));                  \
@@ -214,12 +264,12 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     /* The map of a step, streamed (NT) or not: two copies of the loop, so
      * that the common one is the loop without the test. */
 #define LNF_MAPSTEP(NT)                                                            \
-    for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_LINE) {            \
+    for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_VE) {              \
         LNF_VT yv[LNF_MAPW];                                                       \
         if ((j - i) % LNF_LANES == 0 && !(NT))                                     \
             LNF_PREFETCH_OUT(y, j);                                                \
         for (int v = 0; v < LNF_MAPW; v++)                                         \
-            yv[v] = LNF_MAPV(j + v * LNF_LINE);                                    \
+            yv[v] = LNF_MAPV(j + v * LNF_VE);                                      \
         LNF_OUTW(y + j, yv, NT);                                                   \
     }
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
@@ -239,10 +289,10 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
             }
             LNF_VT p[LNF_NV], q[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
-                LNF_VT d = LNF_NEXT(i + v * LNF_LINE);
+                LNF_VT d = LNF_NEXT(i + v * LNF_VE);
                 p[v] = d, q[v] = d * d;
                 for (int k = 1; k < LNF_BLOCK; k++) {
-                    d = LNF_NEXT(i + k * LNF_LANES + v * LNF_LINE);
+                    d = LNF_NEXT(i + k * LNF_LANES + v * LNF_VE);
                     p[v] += d, q[v] += d * d;
                 }
             }
@@ -252,12 +302,12 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     }
     for (; i + LNF_LANES <= n; i += LNF_LANES) {
         if (x != NULL)
-            for (ptrdiff_t j = i; j < i + LNF_LANES; j += LNF_LINE)
+            for (ptrdiff_t j = i; j < i + LNF_LANES; j += LNF_VE)
                 LNF_MAP(j);
         if (xn != NULL) {
             LNF_VT p[LNF_NV], q[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
-                p[v] = LNF_NEXT(i + v * LNF_LINE);
+                p[v] = LNF_NEXT(i + v * LNF_VE);
                 q[v] = p[v] * p[v];
             }
             LNF_ACC(a, p);
@@ -358,16 +408,18 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #define LNF_TERMS1(j) \
     LNF_T d = LNF_GET(xn, j) - mean_n, g = LNF_GET(dyn, j) * w[j], gd = g * d
 #if LNF_VECTOR
-    lnf_vd a[2], b[2], c[2];
+    LNF_VD a[LNF_ND], b[LNF_ND], c[LNF_ND];
     const LNF_VT m = LNF_SPLAT(mean_n), km0 = LNF_SPLAT(k0), km1 = LNF_SPLAT(k1),
                  km2 = LNF_SPLAT(k2), km3 = LNF_SPLAT(k3), km4 = LNF_SPLAT(k4);
-    LNF_ZERO(a), LNF_ZERO(b), LNF_ZERO(c);
+    LNF_ZERO(a);
+    LNF_ZERO(b);
+    LNF_ZERO(c);
     /* The map of LNF_LANES elements from j, dx streamed when NT. */
 #define LNF_MAP(j, NT)                                                            \
     do {                                                                          \
         LNF_VT t_[LNF_NV], dyv_[LNF_NV];                                          \
         for (int v_ = 0; v_ < LNF_NV; v_++) {                                     \
-            ptrdiff_t e_ = (j) + v_ * LNF_LINE;                                   \
+            ptrdiff_t e_ = (j) + v_ * LNF_VE;                                     \
             LNF_VT xv = LNF_LOADS(x + e_), dyv = LNF_LOADS(dy + e_);              \
             LNF_VT xh = ((xv - km0) - km1) * km2;                                 \
             LNF_VT dxv = km2 * ((dyv * LNF_LOAD(w + e_) - km3) - xh * km4);       \
@@ -401,11 +453,11 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
             LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
                 {
-                    LNF_TERMS(i + v * LNF_LINE);
+                    LNF_TERMS(i + v * LNF_VE);
                     pd[v] = d, pg[v] = g, pgd[v] = gd;
                 }
                 for (int q = 1; q < LNF_BLOCK; q++) {
-                    LNF_TERMS(i + q * LNF_LANES + v * LNF_LINE);
+                    LNF_TERMS(i + q * LNF_LANES + v * LNF_VE);
                     pd[v] += d, pg[v] += g, pgd[v] += gd;
                 }
             }
@@ -420,7 +472,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
         if (xn != NULL) {
             LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
             for (int v = 0; v < LNF_NV; v++) {
-                LNF_TERMS(i + v * LNF_LINE);
+                LNF_TERMS(i + v * LNF_VE);
                 pd[v] = d, pg[v] = g, pgd[v] = gd;
             }
             LNF_ACC(a, pd);
@@ -476,6 +528,15 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 }
 
 #undef LNF_VT
+#undef LNF_VD
+#undef LNF_VDD
+#undef LNF_VH
+#undef LNF_VE
+#undef LNF_NV
+#undef LNF_ND
+#undef LNF_HALF
+#undef LNF_FOLD1
+#undef LNF_VB
 #undef LNF_LOADS
 #undef LNF_STORES
 #undef LNF_STORESW
@@ -495,7 +556,6 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_AHEAD
 #undef LNF_PREFETCH_OUT
 #undef LNF_FOLD
-#undef LNF_LINE
 #undef LNF_STEP
 #undef LNF_FN
 #undef LNF_CAT

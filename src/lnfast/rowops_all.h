@@ -1,10 +1,12 @@
-/* Instantiates rowops.h for float and double, after the settings it shares.
+/* Instantiates rowops.h for every storage type, after the settings it shares.
  *
- * Runtime dispatch: on x86-64 Linux (glibc ifunc) each row primitive is
- * compiled for AVX-512, AVX2 and the SSE2 baseline, and the loader picks the
- * best the CPU has.  Elsewhere the baseline is used.  A build never needs
- * -march=native, and -ffp-contract=off keeps every version's rounding the
- * same (no fused multiply-add).
+ * Runtime dispatch: on x86-64 Linux (glibc) the row sweeps are built for
+ * AVX-512, AVX2 and the SSE2 baseline, each with vectors of its own width,
+ * and picked at run time (below); the small row helpers here are compiled
+ * the same three ways by target_clones (LNF_DISPATCH).  Elsewhere the
+ * baseline is used.  A build never needs -march=native, and
+ * -ffp-contract=off keeps every version's rounding the same (no fused
+ * multiply-add).
  */
 #ifndef LNFAST_ROWOPS_ALL_H
 #define LNFAST_ROWOPS_ALL_H
@@ -21,23 +23,19 @@
 #if defined(__GNUC__) && (defined(__clang__) ? __clang_major__ >= 10 : __GNUC__ >= 9) \
     && !defined(LNFAST_NO_VECTOR)    /* (the plain C path, for tests) */
 #define LNF_VECTOR 1
-/* 64-byte vectors: one AVX-512 register, split by the compiler below. */
-typedef double lnf_vd __attribute__((vector_size(64)));
-typedef double lnf_vd2 __attribute__((vector_size(128)));    /* two of them */
-typedef float lnf_vf __attribute__((vector_size(64)));        /* 16 float32 */
-typedef uint32_t lnf_vu32 __attribute__((vector_size(64)));   /* their bits */
-typedef uint16_t lnf_vu16 __attribute__((vector_size(32)));   /* 16 float16/bfloat16 */
-typedef uint16_t lnf_vu16x32 __attribute__((vector_size(64))); /* 32 of them */
-/* Half k (0 or 1) of an lnf_vd2.  Converting 16 floats to an lnf_vd2 and
- * taking halves compiles to two full-width conversions; converting halves
- * of the floats does not (GCC 12). */
-#if defined(__clang__) || __GNUC__ >= 12
-#define LNF_HALF(v, k) __builtin_shufflevector((v), (v), 8 * (k), 8 * (k) + 1, 8 * (k) + 2, \
-                                               8 * (k) + 3, 8 * (k) + 4, 8 * (k) + 5,     \
-                                               8 * (k) + 6, 8 * (k) + 7)
-#else
-#define LNF_HALF(v, k) ({ lnf_vd h_; memcpy(&h_, (const double *)&(v) + 8 * (k), sizeof h_); h_; })
-#endif
+/* Vectors of each instance's own width (LNF_VB, below): 64 bytes for the
+ * AVX-512 sweeps, 32 for AVX2, 16 at the baseline (SSE2, NEON).  A vector
+ * wider than the target's registers is split by GCC through the stack
+ * (AVX2 float32 forward at 512x1024: twice the time, docs/performance.md).
+ * lnf_vfN: N float32; lnf_vhN: N float16/bfloat16 bits. */
+typedef float lnf_vf16 __attribute__((vector_size(64)));
+typedef uint16_t lnf_vh16 __attribute__((vector_size(32)));
+typedef uint16_t lnf_vh32 __attribute__((vector_size(64)));
+typedef float lnf_vf8 __attribute__((vector_size(32)));
+typedef uint16_t lnf_vh8 __attribute__((vector_size(16)));
+typedef float lnf_vf4 __attribute__((vector_size(16)));
+typedef uint32_t lnf_vu32x4 __attribute__((vector_size(16)));
+typedef uint16_t lnf_vh4 __attribute__((vector_size(8)));
 #else
 #define LNF_VECTOR 0
 #endif
@@ -105,16 +103,176 @@ LNF_DISPATCH static void lnf_add_run(double *__restrict dw, float *__restrict g,
     }
 }
 
-/* The instruction set the dispatched row primitives run with here. */
+#include "halfconv.h"
+
+/* Row data is stored as LNF_S and computed in LNF_T.  Where runtime
+ * dispatch exists (x86-64 glibc) each family is built three times, each
+ * with vectors of its target's width (LNF_VB bytes): for AVX-512, for AVX2
+ * and for the SSE2 baseline; the wrappers below pick one at run time.  The
+ * 16-bit families use the conversion instructions there (F16C for float16,
+ * which target_clones cannot request).  Elsewhere the baseline is built
+ * (NEON on aarch64, with NEON conversions for 16-bit rows).  All give the
+ * same bits. */
+#define LNF_X86_SWEEPS (LNF_HAVE_DISPATCH && LNF_VECTOR)
+#define LNF_AVX512 __attribute__((target("avx512f")))
+#define LNF_AVX2 __attribute__((target("avx2")))
+
+#define LNF_T float
+#define LNF_DOUBLE 0
+#define LNF_S float
+#define LNF_STORAGE16 0
+#define LNF_ATTR
+#define LNF_SUFFIX f32p
+#define LNF_VB 16
+#include "rowops.h"
+#if LNF_X86_SWEEPS
+#define LNF_ATTR LNF_AVX512
+#define LNF_SUFFIX f32x512
+#define LNF_VB 64
+#include "rowops.h"
+#define LNF_ATTR LNF_AVX2
+#define LNF_SUFFIX f32x256
+#define LNF_VB 32
+#include "rowops.h"
+#endif
+#undef LNF_S
+#undef LNF_STORAGE16
+
+#define LNF_S uint16_t
+#define LNF_STORAGE16 1
+
+#define LNF_TO_F32 lnf_f16_to_f32
+#define LNF_FROM_F32 lnf_f32_to_f16
+#define LNF_ATTR
+#define LNF_SUFFIX f16p
+#define LNF_VB 16
+#define LNF_VWIDEN lnf_vwiden_f16
+#define LNF_VNARROW lnf_vnarrow_f16
+#include "rowops.h"
+#if LNF_X86_SWEEPS
+#define LNF_ATTR __attribute__((target("avx512f,f16c")))
+#define LNF_SUFFIX f16x512
+#define LNF_VB 64
+#define LNF_VWIDEN lnf_vwiden_f16c512
+#define LNF_VNARROW lnf_vnarrow_f16c512
+#include "rowops.h"
+#define LNF_ATTR __attribute__((target("avx2,f16c")))
+#define LNF_SUFFIX f16x256
+#define LNF_VB 32
+#define LNF_VWIDEN lnf_vwiden_f16c256
+#define LNF_VNARROW lnf_vnarrow_f16c256
+#include "rowops.h"
+#endif
+#if LNF_A64_SWEEPS
+#define LNF_ATTR
+#define LNF_SUFFIX f16a64
+#define LNF_VB 16
+#define LNF_VWIDEN lnf_vwiden_f16a64
+#define LNF_VNARROW lnf_vnarrow_f16a64
+#include "rowops.h"
+#endif
+#undef LNF_TO_F32
+#undef LNF_FROM_F32
+
+#define LNF_TO_F32 lnf_bf16_to_f32
+#define LNF_FROM_F32 lnf_f32_to_bf16
+#define LNF_ATTR
+#define LNF_SUFFIX bf16p
+#define LNF_VB 16
+#define LNF_VWIDEN lnf_vwiden_bf16
+#define LNF_VNARROW lnf_vnarrow_bf16
+#include "rowops.h"
+#if LNF_X86_SWEEPS
+#define LNF_ATTR LNF_AVX512
+#define LNF_SUFFIX bf16x512
+#define LNF_VB 64
+#define LNF_VWIDEN lnf_vwiden_bf16x512
+#define LNF_VNARROW lnf_vnarrow_bf16x512
+#include "rowops.h"
+#if LNF_BF16_SWEEPS
+#define LNF_ATTR __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16")))
+#define LNF_SUFFIX bf16b512
+#define LNF_VB 64
+#define LNF_VWIDEN lnf_vwiden_bf16b512
+#define LNF_VNARROW lnf_vnarrow_bf16b512
+#define LNF_VNARROW2 lnf_vnarrow2_bf16b512
+#include "rowops.h"
+#endif
+#define LNF_ATTR LNF_AVX2
+#define LNF_SUFFIX bf16x256
+#define LNF_VB 32
+#define LNF_VWIDEN lnf_vwiden_bf16x256
+#define LNF_VNARROW lnf_vnarrow_bf16x256
+#include "rowops.h"
+#endif
+#if LNF_A64_SWEEPS
+#define LNF_ATTR
+#define LNF_SUFFIX bf16a64
+#define LNF_VB 16
+#define LNF_VWIDEN lnf_vwiden_bf16a64
+#define LNF_VNARROW lnf_vnarrow_bf16a64
+#include "rowops.h"
+#endif
+#undef LNF_TO_F32
+#undef LNF_FROM_F32
+#undef LNF_T
+#undef LNF_DOUBLE
+#undef LNF_S
+#undef LNF_STORAGE16
+
+#define LNF_T double
+#define LNF_DOUBLE 1
+#define LNF_S double
+#define LNF_STORAGE16 0
+#define LNF_ATTR
+#define LNF_SUFFIX f64p
+#define LNF_VB 16
+#include "rowops.h"
+#if LNF_X86_SWEEPS
+#define LNF_ATTR LNF_AVX512
+#define LNF_SUFFIX f64x512
+#define LNF_VB 64
+#include "rowops.h"
+#define LNF_ATTR LNF_AVX2
+#define LNF_SUFFIX f64x256
+#define LNF_VB 32
+#include "rowops.h"
+#endif
+#undef LNF_T
+#undef LNF_DOUBLE
+#undef LNF_S
+#undef LNF_STORAGE16
+#undef LNF_AVX512
+#undef LNF_AVX2
+
+/* The sweeps in use: the AVX-512 build (with its BF16 instructions for
+ * bfloat16) or the AVX2 build where the CPU has them (and F16C for
+ * float16), else the baseline; on aarch64 the NEON conversions for 16-bit
+ * rows.  Tests ask for less through lnf_simd_path; all give the same bits. */
+/* The sweeps' level for rows of a type (f16c: the type needs F16C): 2 the
+ * AVX-512 build, 1 AVX2, 0 the baseline. */
+static inline int lnf_sweep_level(int f16c)
+{
+#if LNF_X86_SWEEPS
+    if (lnf_simd_path < 3 && (!f16c || lnf_has_f16c())) {
+        if (lnf_simd_path < 2 && __builtin_cpu_supports("avx512f"))
+            return 2;
+        if (__builtin_cpu_supports("avx2"))
+            return 1;
+    }
+#else
+    (void)f16c;
+#endif
+    return 0;
+}
+
+/* The instruction set the row sweeps run with here (for float32 rows). */
 static inline const char *lnf_simd_runtime(void)
 {
-#if LNF_HAVE_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-        return "AVX-512 (runtime dispatch)";
-    if (__builtin_cpu_supports("avx2"))
-        return "AVX2 (runtime dispatch)";
-    return "SSE2 (runtime dispatch)";
+#if LNF_X86_SWEEPS
+    static const char *const names[] = {"SSE2 (runtime dispatch)", "AVX2 (runtime dispatch)",
+                                        "AVX-512 (runtime dispatch)"};
+    return names[lnf_sweep_level(0)];
 #elif defined(__AVX512F__)
     return "AVX-512";
 #elif defined(__AVX2__)
@@ -128,132 +286,23 @@ static inline const char *lnf_simd_runtime(void)
 #endif
 }
 
-#include "halfconv.h"
-
-/* Row data is stored as LNF_S and computed in LNF_T.  16-bit rows
- * (LNF_STORAGE16) are converted inside the sweeps; their sweeps are also
- * built for AVX-512 and AVX2 with the conversion instructions (F16C for
- * float16), which target_clones cannot pick (F16C is not part of "avx2"),
- * and chosen at run time below; on aarch64, for its NEON conversions. */
-#define LNF_T float
-#define LNF_NV 1        /* 64-byte vectors per LNF_LANES elements */
-#define LNF_S float
-#define LNF_STORAGE16 0
-#define LNF_ATTR LNF_DISPATCH
-#define LNF_SUFFIX f32
-#include "rowops.h"
-#undef LNF_S
-#undef LNF_STORAGE16
-
-#define LNF_S uint16_t
-#define LNF_STORAGE16 1
-#define LNF_X86_SWEEPS (LNF_HAVE_DISPATCH && LNF_VECTOR)
-
-#define LNF_TO_F32 lnf_f16_to_f32
-#define LNF_FROM_F32 lnf_f32_to_f16
-#define LNF_ATTR LNF_DISPATCH
-#define LNF_SUFFIX f16p
-#define LNF_VWIDEN lnf_vwiden_f16
-#define LNF_VNARROW lnf_vnarrow_f16
-#include "rowops.h"
-#if LNF_X86_SWEEPS
-#define LNF_ATTR __attribute__((target("avx512f,f16c")))
-#define LNF_SUFFIX f16x512
-#define LNF_VWIDEN lnf_vwiden_f16c512
-#define LNF_VNARROW lnf_vnarrow_f16c512
-#include "rowops.h"
-#define LNF_ATTR __attribute__((target("avx2,f16c")))
-#define LNF_SUFFIX f16x256
-#define LNF_VWIDEN lnf_vwiden_f16c256
-#define LNF_VNARROW lnf_vnarrow_f16c256
-#include "rowops.h"
-#endif
-#if LNF_A64_SWEEPS
-#define LNF_ATTR
-#define LNF_SUFFIX f16a64
-#define LNF_VWIDEN lnf_vwiden_f16a64
-#define LNF_VNARROW lnf_vnarrow_f16a64
-#include "rowops.h"
-#endif
-#undef LNF_TO_F32
-#undef LNF_FROM_F32
-
-#define LNF_TO_F32 lnf_bf16_to_f32
-#define LNF_FROM_F32 lnf_f32_to_bf16
-#define LNF_ATTR LNF_DISPATCH
-#define LNF_SUFFIX bf16p
-#define LNF_VWIDEN lnf_vwiden_bf16
-#define LNF_VNARROW lnf_vnarrow_bf16
-#include "rowops.h"
-#if LNF_X86_SWEEPS
-#define LNF_ATTR __attribute__((target("avx512f")))
-#define LNF_SUFFIX bf16x512
-#define LNF_VWIDEN lnf_vwiden_bf16x512
-#define LNF_VNARROW lnf_vnarrow_bf16x512
-#include "rowops.h"
-#if LNF_BF16_SWEEPS
-#define LNF_ATTR __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16")))
-#define LNF_SUFFIX bf16b512
-#define LNF_VWIDEN lnf_vwiden_bf16b512
-#define LNF_VNARROW lnf_vnarrow_bf16b512
-#define LNF_VNARROW2 lnf_vnarrow2_bf16b512
-#include "rowops.h"
-#endif
-#define LNF_ATTR __attribute__((target("avx2")))
-#define LNF_SUFFIX bf16x256
-#define LNF_VWIDEN lnf_vwiden_bf16x256
-#define LNF_VNARROW lnf_vnarrow_bf16x256
-#include "rowops.h"
-#endif
-#if LNF_A64_SWEEPS
-#define LNF_ATTR
-#define LNF_SUFFIX bf16a64
-#define LNF_VWIDEN lnf_vwiden_bf16a64
-#define LNF_VNARROW lnf_vnarrow_bf16a64
-#include "rowops.h"
-#endif
-#undef LNF_TO_F32
-#undef LNF_FROM_F32
-#undef LNF_T
-#undef LNF_NV
-#undef LNF_S
-#undef LNF_STORAGE16
-
-#define LNF_T double
-#define LNF_NV 2
-#define LNF_S double
-#define LNF_STORAGE16 0
-#define LNF_ATTR LNF_DISPATCH
-#define LNF_SUFFIX f64
-#include "rowops.h"
-#undef LNF_T
-#undef LNF_NV
-#undef LNF_S
-#undef LNF_STORAGE16
-
-/* The 16-bit sweeps in use: AVX-512 (with its BF16 instructions for
- * bfloat16) or AVX2 builds where the CPU has them (and F16C for float16),
- * or on aarch64 the NEON conversions, unless tests asked for less
- * (lnf_half_path); all give the same bits. */
 #if LNF_X86_SWEEPS
 #define LNF_PICK(name, kind, f16c, ...)                                      \
     do {                                                                     \
-        if (lnf_half_path < 3 && (!(f16c) || lnf_has_f16c())) {            \
-            if (lnf_half_path < 2 && __builtin_cpu_supports("avx512f")) {    \
-                LNF_BEST512_##kind(name, __VA_ARGS__);                       \
-                return;                                                      \
-            }                                                                \
-            if (__builtin_cpu_supports("avx2")) {                            \
-                name##_##kind##x256(__VA_ARGS__);                            \
-                return;                                                      \
-            }                                                                \
-        }                                                                    \
-        name##_##kind##p(__VA_ARGS__);                                       \
+        int level_ = lnf_sweep_level(f16c);                                  \
+        if (level_ == 2)                                                     \
+            LNF_BEST512_##kind(name, __VA_ARGS__);                           \
+        else if (level_ == 1)                                                \
+            name##_##kind##x256(__VA_ARGS__);                                \
+        else                                                                 \
+            name##_##kind##p(__VA_ARGS__);                                   \
     } while (0)
+#define LNF_BEST512_f32(name, ...) name##_f32x512(__VA_ARGS__)
+#define LNF_BEST512_f64(name, ...) name##_f64x512(__VA_ARGS__)
 #define LNF_BEST512_f16(name, ...) name##_f16x512(__VA_ARGS__)
 #if LNF_BF16_SWEEPS
 #define LNF_BEST512_bf16(name, ...)                                              \
-    (lnf_half_path < 1 && __builtin_cpu_supports("avx512bf16")                   \
+    (lnf_simd_path < 1 && __builtin_cpu_supports("avx512bf16")                   \
              && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")   \
          ? name##_bf16b512(__VA_ARGS__)                                          \
          : name##_bf16x512(__VA_ARGS__))
@@ -261,43 +310,49 @@ static inline const char *lnf_simd_runtime(void)
 #define LNF_BEST512_bf16(name, ...) name##_bf16x512(__VA_ARGS__)
 #endif
 #elif LNF_A64_SWEEPS
-/* aarch64: the NEON conversions, unless tests asked for the portable code. */
-#define LNF_PICK(name, kind, f16c, ...)                                      \
-    do {                                                                     \
-        if (lnf_half_path < 3)                                               \
-            name##_##kind##a64(__VA_ARGS__);                                 \
-        else                                                                 \
-            name##_##kind##p(__VA_ARGS__);                                   \
-    } while (0)
+/* aarch64: the NEON conversions for 16-bit rows, unless tests asked for
+ * the portable code. */
+#define LNF_PICK(name, kind, f16c, ...) LNF_A64_##kind(name, __VA_ARGS__)
+#define LNF_A64_f32(name, ...) name##_f32p(__VA_ARGS__)
+#define LNF_A64_f64(name, ...) name##_f64p(__VA_ARGS__)
+#define LNF_A64_f16(name, ...) \
+    (lnf_simd_path < 3 ? name##_f16a64(__VA_ARGS__) : name##_f16p(__VA_ARGS__))
+#define LNF_A64_bf16(name, ...) \
+    (lnf_simd_path < 3 ? name##_bf16a64(__VA_ARGS__) : name##_bf16p(__VA_ARGS__))
 #else
 #define LNF_PICK(name, kind, f16c, ...) name##_##kind##p(__VA_ARGS__)
 #endif
 
-#define LNF_DEFINE_PICKED_SWEEPS(kind, f16c)                                                \
-    static void lnf_row_pipe_##kind(const uint16_t *x, uint16_t *y, const float *w,          \
-                                    const float *b, float hi, float lo, float rs,            \
-                                    const uint16_t *xn, const uint16_t *rn, uint16_t *zn,    \
-                                    int centered, double *s, ptrdiff_t n,                    \
-                                    const uint16_t *xf, const uint16_t *rf, int stream)      \
+#define LNF_DEFINE_PICKED_SWEEPS(kind, f16c, S, T)                                          \
+    static void lnf_row_pipe_##kind(const S *x, S *y, const T *w, const T *b, T hi, T lo,     \
+                                    T rs, const S *xn, const S *rn, S *zn, int centered,     \
+                                    double *s, ptrdiff_t n, const S *xf, const S *rf,        \
+                                    int stream)                                              \
     {                                                                                        \
         LNF_PICK(lnf_row_pipe, kind, f16c, x, y, w, b, hi, lo, rs, xn, rn, zn, centered, s, \
                  n, xf, rf, stream);                                                         \
     }                                                                                        \
-    static void lnf_row_grad_pipe_##kind(const uint16_t *x, const uint16_t *dy,              \
-                                         const uint16_t *dz, uint16_t *dx, const float *k,   \
-                                         float *dw, float *db, const uint16_t *xn,           \
-                                         const uint16_t *dyn, float mean_n, double *out,     \
-                                         const float *w, ptrdiff_t n, const uint16_t *xf,    \
-                                         const uint16_t *dyf, int stream)                    \
+    static void lnf_row_grad_pipe_##kind(const S *x, const S *dy, const S *dz, S *dx,        \
+                                         const T *k, T *dw, T *db, const S *xn,              \
+                                         const S *dyn, T mean_n, double *out, const T *w,    \
+                                         ptrdiff_t n, const S *xf, const S *dyf, int stream) \
     {                                                                                        \
         LNF_PICK(lnf_row_grad_pipe, kind, f16c, x, dy, dz, dx, k, dw, db, xn, dyn, mean_n,  \
                  out, w, n, xf, dyf, stream);                                                \
     }
-LNF_DEFINE_PICKED_SWEEPS(f16, 1)
-LNF_DEFINE_PICKED_SWEEPS(bf16, 0)
+LNF_DEFINE_PICKED_SWEEPS(f32, 0, float, float)
+LNF_DEFINE_PICKED_SWEEPS(f64, 0, double, double)
+LNF_DEFINE_PICKED_SWEEPS(f16, 1, uint16_t, float)
+LNF_DEFINE_PICKED_SWEEPS(bf16, 0, uint16_t, float)
 #undef LNF_DEFINE_PICKED_SWEEPS
 #undef LNF_PICK
+#undef LNF_BEST512_f32
+#undef LNF_BEST512_f64
 #undef LNF_BEST512_f16
 #undef LNF_BEST512_bf16
+#undef LNF_A64_f32
+#undef LNF_A64_f64
+#undef LNF_A64_f16
+#undef LNF_A64_bf16
 
 #endif
