@@ -325,7 +325,8 @@ LNF_F16C("avx2") lnf_vf8 lnf_vwiden_bf16x256(lnf_vh8 h)
     return (lnf_vf8)_mm256_slli_epi32(_mm256_cvtepu16_epi32((__m128i)h), 16);
 }
 
-LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
+/* Narrowing, the general case: NaN included. */
+LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256_any(lnf_vf8 v)
 {
     __m256i u = (__m256i)v, hi = _mm256_srli_epi32(u, 16);
     __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
@@ -338,6 +339,24 @@ LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
     __m256i r = _mm256_blendv_epi8(rne, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
     /* every value fits 16 bits: packus keeps them as they are */
     return (lnf_vh8)_mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* Narrowing without NaN (checked first, one compare): round to nearest
+ * even in place, then gather the high halves with one byte shuffle and one
+ * qword permute: 7 operations per 8 values instead of 12.  In cache, one
+ * thread, 512x1024: forward 445 -> 377 ns per row, backward 662 -> 579,
+ * the fused add's forward (two narrowings) 891 -> 692. */
+LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
+{
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q)), 0))
+        return lnf_vnarrow_bf16x256_any(v);
+    __m256i u = (__m256i)v;
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+    const __m256i high = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    r = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, high), 0x08);
+    return (lnf_vh8)_mm256_castsi256_si128(r);
 }
 #undef LNF_F16C
 #undef LNF_NEAREST
