@@ -228,7 +228,7 @@ LNF_A64_CONVERSIONS(bf16)
 #undef LNF_A64_CONVERSIONS
 #endif
 
-#if LNF_HAVE_DISPATCH
+#if LNF_CPU_DISPATCH
 #include <immintrin.h>
 /* Conversions for the sweeps compiled for AVX-512 and AVX2 (rowops_all.h).
  * float16 with F16C: one instruction per 16 (AVX-512) or 8 (AVX2) values. */
@@ -399,7 +399,7 @@ LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
 LNF_DEFINE_ROW_CONVERSIONS(f16, lnf_f16_to_f32, lnf_f32_to_f16)
 LNF_DEFINE_ROW_CONVERSIONS(bf16, lnf_bf16_to_f32, lnf_f32_to_bf16)
 
-#if LNF_HAVE_DISPATCH
+#if LNF_CPU_DISPATCH
 #include <cpuid.h>
 #include <immintrin.h>
 
@@ -453,7 +453,7 @@ static int lnf_simd_path = 0;
 
 static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n)
 {
-#if LNF_HAVE_DISPATCH
+#if LNF_CPU_DISPATCH
     if (stride == 2 && lnf_simd_path < 3 && lnf_has_f16c()) {
         lnf_widen_f16_f16c(src, dst, n);
         return;
@@ -469,7 +469,7 @@ static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff
 
 static void lnf_narrow_f16(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n)
 {
-#if LNF_HAVE_DISPATCH
+#if LNF_CPU_DISPATCH
     if (stride == 2 && lnf_simd_path < 3 && lnf_has_f16c()) {
         lnf_narrow_f16_f16c(src, dst, n);
         return;

@@ -1,9 +1,9 @@
 /* Instantiates rowops.h for every storage type, after the settings it shares.
  *
- * Runtime dispatch: on x86-64 Linux (glibc) the row sweeps are built for
- * AVX-512, AVX2 and the SSE2 baseline, each with vectors of its own width,
- * and picked at run time (below); the small row helpers here are compiled
- * the same three ways by target_clones (LNF_DISPATCH).  Elsewhere the
+ * Runtime dispatch: on x86-64 Linux the row sweeps are built for AVX-512,
+ * AVX2 and the SSE2 baseline, each with vectors of its own width, and
+ * picked at run time (below); with glibc the small row helpers here are
+ * compiled the same three ways by target_clones (LNF_DISPATCH).  Elsewhere the
  * baseline is used.  A build never needs -march=native, and
  * -ffp-contract=off keeps every version's rounding the same (no fused
  * multiply-add).
@@ -40,21 +40,29 @@ typedef uint16_t lnf_vh4 __attribute__((vector_size(8)));
 #define LNF_VECTOR 0
 #endif
 
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__GLIBC__) && defined(__ELF__) \
+/* Code built for AVX-512 or AVX2 and chosen at run time: target
+ * attributes and __builtin_cpu_supports, which any C library on x86-64
+ * Linux allows (glibc and musl).  target_clones (LNF_DISPATCH, for the
+ * small row helpers) also needs glibc's ifunc. */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) \
     && !defined(LNFAST_NO_DISPATCH) && (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 8)
+#define LNF_CPU_DISPATCH 1
+#else
+#define LNF_CPU_DISPATCH 0
+#endif
+#if LNF_CPU_DISPATCH && defined(__GLIBC__) && defined(__ELF__)
 #define LNF_DISPATCH __attribute__((target_clones("avx512f", "avx2", "default")))
-#define LNF_HAVE_DISPATCH 1
-/* The AVX512-BF16 conversion instruction (its target attribute and
+#else
+#define LNF_DISPATCH
+#endif
+/* The row sweeps per instruction set (below), and those with the
+ * AVX512-BF16 conversion instruction (its target attribute and
  * __builtin_cpu_supports name are safe from GCC 11; clang is 14 here). */
-#if LNF_VECTOR && (defined(__clang__) || __GNUC__ >= 11)
+#define LNF_X86_SWEEPS (LNF_CPU_DISPATCH && LNF_VECTOR)
+#if LNF_X86_SWEEPS && (defined(__clang__) || __GNUC__ >= 11)
 #define LNF_BF16_SWEEPS 1
 #else
 #define LNF_BF16_SWEEPS 0
-#endif
-#else
-#define LNF_BF16_SWEEPS 0
-#define LNF_DISPATCH
-#define LNF_HAVE_DISPATCH 0
 #endif
 
 /* Streaming (non-temporal) stores of the sweeps' outputs, for long rows
@@ -105,15 +113,14 @@ LNF_DISPATCH static void lnf_add_run(double *__restrict dw, float *__restrict g,
 
 #include "halfconv.h"
 
-/* Row data is stored as LNF_S and computed in LNF_T.  Where runtime
- * dispatch exists (x86-64 glibc) each family is built three times, each
+/* Row data is stored as LNF_S and computed in LNF_T.  On x86-64 Linux
+ * (LNF_CPU_DISPATCH) each family is built three times, each
  * with vectors of its target's width (LNF_VB bytes): for AVX-512, for AVX2
  * and for the SSE2 baseline; the wrappers below pick one at run time.  The
  * 16-bit families use the conversion instructions there (F16C for float16,
  * which target_clones cannot request).  Elsewhere the baseline is built
  * (NEON on aarch64, with NEON conversions for 16-bit rows).  All give the
  * same bits. */
-#define LNF_X86_SWEEPS (LNF_HAVE_DISPATCH && LNF_VECTOR)
 #define LNF_AVX512 __attribute__((target("avx512f")))
 #define LNF_AVX2 __attribute__((target("avx2")))
 
