@@ -282,7 +282,7 @@ LNF_F16C("avx512f,avx512bw") lnf_vf16 lnf_vwiden_bf16b512(lnf_vh16 h)
     const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
                                          7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
     return (lnf_vf16)_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx,
-                                                  _mm512_castsi256_si512((__m256i)h));
+                                                    _mm512_castsi256_si512((__m256i)h));
 }
 
 /* Narrowing: vcvtneps2bf16 rounds 16 values to nearest even (NaN as above)
@@ -305,7 +305,7 @@ LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vh16 lnf_vnarrow_bf16b512(lnf_vf16 v
  * The subnormals it flushes come out as zeros, so only a pair with a zero
  * result is classified, and one holding a subnormal takes the integer code. */
 LNF_F16C("avx512f,avx512dq,avx512bw,avx512bf16") lnf_vh32 lnf_vnarrow2_bf16b512(lnf_vf16 a,
-                                                                                   lnf_vf16 b)
+                                                                                lnf_vf16 b)
 {
     __m512bh h = _mm512_cvtne2ps_pbh((__m512)b, (__m512)a);
     lnf_vh32 r;

@@ -3,8 +3,8 @@
  * Runtime dispatch: on x86-64 Linux the row sweeps are built for AVX-512,
  * AVX2 and the SSE2 baseline, each with vectors of its own width, and
  * picked at run time (below); with glibc the small row helpers here are
- * compiled the same three ways by target_clones (LNF_DISPATCH).  Elsewhere the
- * baseline is used.  A build never needs -march=native, and
+ * compiled the same three ways by target_clones (LNF_DISPATCH).  Elsewhere
+ * the baseline is used.  A build never needs -march=native, and
  * -ffp-contract=off keeps every version's rounding the same (no fused
  * multiply-add).
  */
@@ -114,9 +114,9 @@ LNF_DISPATCH static void lnf_add_run(double *__restrict dw, float *__restrict g,
 #include "halfconv.h"
 
 /* Row data is stored as LNF_S and computed in LNF_T.  On x86-64 Linux
- * (LNF_CPU_DISPATCH) each family is built three times, each
- * with vectors of its target's width (LNF_VB bytes): for AVX-512, for AVX2
- * and for the SSE2 baseline; the wrappers below pick one at run time.  The
+ * (LNF_CPU_DISPATCH) each family is built three times, each with vectors
+ * of its target's width (LNF_VB bytes): for AVX-512, for AVX2 and for the
+ * SSE2 baseline; the wrappers below pick one at run time.  The
  * 16-bit families use the conversion instructions there (F16C for float16,
  * which target_clones cannot request).  Elsewhere the baseline is built
  * (NEON on aarch64, with NEON conversions for 16-bit rows).  All give the
