@@ -303,3 +303,41 @@ def test_pipelined_and_gathered_rows_agree_bitwise(rng, dtype, D):
     for got, want in zip(run(strided), run(lambda a: a)):
         for g, e in zip(got, want):
             assert g.tobytes() == e.tobytes()
+
+
+@pytest.mark.parametrize("dtype, u", [(np.float32, 2.0**-24), (np.float64, 2.0**-53),
+                                      (np.float16, 2.0**-24), (ml_dtypes.bfloat16, 2.0**-24)])
+def test_a_first_value_far_from_the_mean_costs_no_accuracy(dtype, u):
+    # Rows are summed about their first value; a row whose first value lies
+    # far from its mean is summed again about the mean (RESHIFT in _cpu.pyx).
+    # 4095 ones after one -2**-12: float32 rstd was off by 1e-4 before.
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((6, 4096))
+    x[0], x[0, 0] = 1.0, -2.0**-12
+    x[1, 0] = 1000.0
+    x[2, 0] = 3.0                   # three deviations off (float64's second pass)
+    x[3] = 1e4 + 1e-2 * x[3]
+    x[3, 0] = 1e4 - 100
+    x = x.astype(dtype)
+    x[4:] = np.roll(x[:2], 1, axis=1)   # the same rows, far value second
+    for eps in (0.0, 1e-5):
+        y, mean, rstd = lnfast.layer_norm_forward(x, eps=eps)
+        ry, rmean, rrstd = ref.layer_norm_forward(x, eps=eps)
+        assert np.abs(rstd / rrstd - 1).max() <= 8 * u      # u of the arithmetic
+        tol = 2.0**-11 if dtype == np.float16 else 2.0**-8 if dtype == ml_dtypes.bfloat16 else 8 * u
+        assert ref.rel_error(y.astype(np.float64), ry) <= tol
+    zy, z, zmean, zrstd = lnfast.add_layer_norm_forward(np.zeros_like(x), x, eps=eps)
+    assert np.array_equal(zrstd, rstd) and np.array_equal(zy, y)
+
+
+def test_float64_rows_with_a_large_offset_keep_their_digits():
+    # x - hi - lo with lo the rounding error of the float64 mean (TwoSum):
+    # at mean 1e7 and deviation 1e-3 y was off by 5e-7 before.
+    rng = np.random.default_rng(12)
+    x = 1e7 + 1e-3 * rng.standard_normal((8, 1024))
+    y, mean, rstd = lnfast.layer_norm_forward(x)
+    ry, rmean, rrstd = ref.layer_norm_forward(x)
+    assert ref.rel_error(y, ry) <= 1e-14
+    dx, dw, db = lnfast.layer_norm_backward(x - 1e7, x, mean, rstd)
+    for got, want in zip((dx, dw, db), ref.layer_norm_backward(x - 1e7, x, rmean, rrstd)):
+        assert ref.rel_error(got, want) <= 1e-13

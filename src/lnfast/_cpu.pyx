@@ -321,13 +321,13 @@ ctypedef const void* crow      # a row in its storage type (see rowops.h)
 
 cdef inline void row_pipe(int storage, crow x, void* y, const real* w, const real* b,
                           real hi, real lo, real rs, crow xn, crow rn, void* zn,
-                          double* s, Py_ssize_t D, bint centered, crow xf=NULL,
+                          double* s, Py_ssize_t D, int centered, crow xf=NULL,
                           crow rf=NULL, bint stream=False) noexcept nogil:
     """rowops.h lnf_row_pipe on rows stored as `storage`: the map of row x
     into y (x NULL: none) and the sums s[0], s[1] of the next row xn (+ rn,
-    stored to zn), shifted by s[2], its first value when centered (xn NULL:
-    none); xf, rf: the rows after xn and rn, to prefetch (or NULL); stream:
-    write y with streaming stores (STREAM_ROW_BYTES)."""
+    stored to zn), shifted by s[2]: its first value when centered is 1, hi
+    when 2 (xn NULL: none); xf, rf: the rows after xn and rn, to prefetch
+    (or NULL); stream: write y with streaming stores (STREAM_ROW_BYTES)."""
     if real is double:
         lnf_row_pipe_f64(<const double*>x, <double*>y, w, b, hi, lo, rs, <const double*>xn,
                          <const double*>rn, <double*>zn, centered, s, D, <const double*>xf,
@@ -374,6 +374,31 @@ cdef inline void row_grad_pipe(int storage, crow x, crow dy, crow dz, void* dx,
                                <const uint16_t*>dyf, stream)
 
 
+cdef enum:
+    # A row is summed again about its mean when its shift (the first value)
+    # lies more than sqrt(RESHIFT) standard deviations from the mean: each
+    # square (x - shift)^2 is rounded in the working type, an error that the
+    # cancellation in S2/D - (S1/D)^2 magnifies by 1 + (S1/D)^2 / var
+    # (65536 ones after one -2**-12: float32 rstd off by 1e-3).  Random
+    # rows take the second pass once in 16000 (|z| > 4); float64 rows, whose
+    # rstd is not rounded to a coarser type, once in 22 (|z| > 2: worst rstd
+    # error 34 -> 9 ulp, docs/api.md).
+    RESHIFT = 16
+    RESHIFT_F64 = 4
+
+
+cdef inline void resum_far_shift(int storage, crow row, const real* w, double* s,
+                                 Py_ssize_t D, bint centered) noexcept nogil:
+    """Sum a LayerNorm row again, about its mean, where the sums s (about
+    s[2]) say the shift was far from it (RESHIFT).  (w: unread.)"""
+    cdef double m = s[0] / D
+    cdef double limit = RESHIFT
+    if real is double:
+        limit = RESHIFT_F64
+    if centered and m * m > limit * (s[1] / D - m * m):
+        row_pipe(storage, NULL, NULL, w, w, <real>(s[2] + m), 0, 0, row, NULL, NULL, s, D, 2)
+
+
 cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint centered,
                            real* k) noexcept nogil:
     """k = {hi, lo, rstd} of a row from its sums s over x - s[2] (RMSNorm:
@@ -387,10 +412,13 @@ cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint cente
     for rows like [40000, 40001, 40002, 40003].  The float64 mean is then
     applied as hi + lo of type `real`: x - hi is exact for x near the mean,
     so float32 rows with a large common offset keep the digits that a
-    float32 mean would round away.  RMSNorm sums x^2 without a shift.
+    float32 mean would round away; lo also carries the rounding error of
+    the float64 mean's own last addition (TwoSum), which float64 rows with
+    a large offset need.  RMSNorm sums x^2 without a shift.
     """
     cdef double mean = s[0] / D if centered else 0.0
     cdef double var = s[1] / D - mean * mean
+    cdef double d = mean, t, err
     var = 0.0 if var < 0.0 else var      # clamp rounding below zero; NaN stays
     cdef double rstd = 1.0 / sqrt(var + eps)
     if real is float:
@@ -402,8 +430,10 @@ cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint cente
                 and 1e-30 < rstd < 1e30):
             return False
     mean += s[2]
+    t = mean - s[2]
+    err = (s[2] - (mean - t)) + (d - t)     # mean + err == s[2] + d exactly
     k[0] = <real>mean
-    k[1] = <real>(mean - <double>k[0])
+    k[1] = <real>((mean - <double>k[0]) + err)
     k[2] = <real>rstd
     return True
 
@@ -526,6 +556,7 @@ cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_
     row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r0), row_or_null(&a.res, r0, r1, res),
              <void*>row_or_null(&a.z, r0, r1, res), s, D, a.centered)
     for r in range(r0, r1):
+        resum_far_shift(st, row_ptr(&a.z if res else &a.x, r), w, s, D, a.centered)
         if row_stats(s, D, a.eps, a.centered, k):
             row_pipe(st, row_ptr(&a.z if res else &a.x, r), row_ptr(&a.y, r), w,
                      b if a.centered else NULL, k[0], k[1], k[2],
@@ -570,6 +601,7 @@ cdef void forward_row(const Rows* a, const real* w, const real* b, real* mean_ou
     else:
         row_pipe(NATIVE, NULL, NULL, w, b, 0, 0, 0, xr, NULL, NULL, s, D, a.centered)
     yr = out_row(&a.y, r, buf + 3 * D)
+    resum_far_shift(NATIVE, xr, w, s, D, a.centered)
     if row_stats(s, D, a.eps, a.centered, k):
         row_pipe(NATIVE, xr, yr, w, b if a.centered else NULL, k[0], k[1], k[2],
                  NULL, NULL, NULL, s, D, a.centered)

@@ -1,8 +1,8 @@
 """Plain NumPy float64 reference implementations, for tests and self-checks.
 
-Everything here is written for clarity, not speed: two-pass statistics, the
-textbook backward formula, the explicit Jacobian of one row and a central
-finite-difference gradient.
+Everything here is written for clarity, not speed: two-pass statistics (the
+mean corrected by the mean of x - mean), the textbook backward formula, the
+explicit Jacobian of one row and a central finite-difference gradient.
 """
 import numpy as np
 
@@ -16,6 +16,9 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5):
     x = _f64(x)
     mean = x.mean(axis=-1)
     xc = x - mean[..., None]
+    c = xc.mean(axis=-1)                        # the rounding of the mean itself,
+    xc -= c[..., None]                          # which rows with a large offset
+    mean += c                                   # would otherwise carry into y
     var = (xc * xc).mean(axis=-1)               # biased: divide by D
     rstd = 1.0 / np.sqrt(var + eps)             # eps inside the root
     y = xc * rstd[..., None]
@@ -31,7 +34,8 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None):
     dy, x = _f64(dy), _f64(x)
     mean, rstd = _f64(mean)[..., None], _f64(rstd)[..., None]
     D = x.shape[-1]
-    xhat = (x - mean) * rstd
+    xc = x - mean
+    xhat = (xc - xc.mean(axis=-1, keepdims=True)) * rstd    # about the exact row mean
     g = dy if weight is None else dy * _f64(weight)   # weight stays inside the sums
     dx = rstd * (g - g.mean(axis=-1, keepdims=True)
                  - xhat * (g * xhat).mean(axis=-1, keepdims=True))

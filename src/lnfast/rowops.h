@@ -205,14 +205,16 @@ _Static_assert(LNF_LANES == 16, "LNF_FOLD spells out lnf_fold for 16 lanes");
  *   zn when rn is not NULL (the fused residual add; the sums see z as
  *   stored), and s[0] = sum(v - shift), s[1] = sum((v - shift)^2),
  *   differences and squares in LNF_T, sums in float64 lanes fed in blocks;
- *   s[2] = shift, the row's first value when centered, else 0.
+ *   s[2] = shift: 0 when centered is 0 (RMSNorm), the row's first value
+ *   when 1, `hi` when 2 (a second look at a row, x NULL and rn NULL).
  *
  * Doing both at once keeps memory busy: the next row streams in while this
  * one is written, rather than each row's read waiting on its own write.
  * With `stream` set, y is written with streaming stores (LNF_OUT) where it
  * starts on 16 bytes.
- * shift is the row's first element, so differences of close values are
- * exact; the caller redoes in float64 the rare rows whose squares could
+ * shift is a member of the row, so differences of close values are exact;
+ * the caller sums a row again about its mean where the first value lay
+ * far from it, and redoes in float64 the rare rows whose squares could
  * overflow or underflow LNF_T.  Sums do not depend on whether a map ran
  * alongside. */
 LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
@@ -239,7 +241,7 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     (rn != NULL ? (LNF_PUT(zn, j, LNF_GET(xn, j) + LNF_GET(rn, j)), LNF_GET(zn, j))   \
                 : LNF_GET(xn, j))
     if (xn != NULL && centered)
-        shift = LNF_NEXT1(0);
+        shift = centered == 2 ? hi : LNF_NEXT1(0);
 #if LNF_VECTOR
     LNF_VD a[LNF_ND], c[LNF_ND];
     const LNF_VT sh = LNF_SPLAT(shift), vhi = LNF_SPLAT(hi), vlo = LNF_SPLAT(lo),
