@@ -172,7 +172,8 @@ def _prepare(inputs, lead_shape):
 
 
 def _vector(p, value, D, dtype):
-    """weight or bias as a contiguous, 16-byte aligned vector of `dtype`."""
+    """weight or bias as a contiguous, 16-byte aligned vector of `dtype`
+    (kernels/norm.cu reads it in packs of up to 16 bytes)."""
     cp = _cupy()
     if p is None:
         return cp.full(D, value, dtype=dtype)
@@ -184,6 +185,16 @@ def _vector(p, value, D, dtype):
 
 def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
             with_mean=False, with_rstd=False):
+    with x.device:      # outputs, kernels and launches on x's device
+        return _forward(x, weight, bias, eps, centered, residual, out, with_mean, with_rstd)
+
+
+def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
+    with x.device:
+        return _backward(dy, x, mean, rstd, weight, centered, dz)
+
+
+def _forward(x, weight, bias, eps, centered, residual, out, with_mean, with_rstd):
     cp = _cupy()
     dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
     compute = compute_dtype(dtype)
@@ -220,7 +231,7 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
     return y, z, mean, rstd
 
 
-def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
+def _backward(dy, x, mean, rstd, weight, centered, dz):
     cp = _cupy()
     dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
     compute = compute_dtype(dtype)

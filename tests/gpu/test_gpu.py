@@ -129,6 +129,68 @@ def test_large_common_offset(rng, dtype):
     assert ref.rel_error(host(y)[0], ref.layer_norm_forward(x)[0]) <= 1e-6
 
 
+def test_rows_far_from_their_first_value_or_with_a_large_offset(rng):
+    # The kernels' sums run about each row's first value; float64 rows far
+    # from it are summed again, and the float64 mean keeps its rounding
+    # error as lo (as on the CPU).
+    x = rng.standard_normal((4, 1024))
+    x[0], x[0, 0] = 1.0, -2.0**-12
+    x[1, 0] = 3.0
+    x[2:] = 1e4 + 1e-2 * x[2:]
+    for dtype, tol in ((np.float32, 2e-7), (np.float64, 1e-14)):
+        xd = x.astype(dtype)
+        y, _, rstd = lnfast.layer_norm_forward(cp.asarray(xd), eps=0.0)
+        ry, _, rrstd = ref.layer_norm_forward(xd, eps=0.0)
+        assert ref.rel_error(host(y)[0], ry) <= tol
+        assert ref.rel_error(host(rstd)[0], rrstd) <= tol
+
+
+def test_float32_rows_past_float32s_range_match_the_cpu():
+    # Deviations or rstd outside float32's range, or dy * w past it: such
+    # rows are done in float64, as the CPU does (a float32 map gave inf and
+    # NaN here).
+    x = np.array([[3e38, 3e38, -3e38], [1e-25, -1e-25, 0.0]], np.float32)
+    for fn in (lnfast.layer_norm_forward, lnfast.rms_norm_forward):
+        cpu = fn(x, eps=0.0)
+        got = fn(cp.asarray(x), eps=0.0)
+        assert np.isfinite(host(got[0])[0]).all()
+        assert ref.rel_error(host(got[0])[0], cpu[0]) <= 2e-6
+    x = np.array([[1.0, 2.0, 3.0, 4.0], [1.0, -2.0, 0.5, 3.0]], np.float32)
+    w = np.full(4, 3e38, np.float32)            # dy * w = 6e38 throughout: dx = 0
+    dy = np.full(x.shape, 2.0, np.float32)
+    _, mean, rstd = lnfast.layer_norm_forward(x, w)
+    cpu = lnfast.layer_norm_backward(dy, x, mean, rstd, w)
+    got = lnfast.layer_norm_backward(*gpu(dy, x, mean, rstd, w))
+    assert np.isfinite(host(got[0])[0]).all()
+    for g, c in zip(got, cpu):
+        assert ref.rel_error(host(g)[0], c) <= 2e-6
+
+
+def test_a_float32_weight_on_16_not_32_bytes_beside_16_bit_rows(rng):
+    # 16-bit rows read the float32 weight 8 at a time: in 16-byte packs,
+    # which a weight at an odd multiple of 16 bytes allows.
+    import ml_dtypes
+
+    x = rng.standard_normal((8, 1024)).astype(ml_dtypes.bfloat16)
+    w = cp.asarray(rng.standard_normal(1032).astype(np.float32))
+    k = next(k for k in range(8) if (w.data.ptr + 4 * k) % 32 == 16)
+    y = lnfast.layer_norm(cp.asarray(x), w[k:k + 1024])
+    assert cp.array_equal(y, lnfast.layer_norm(cp.asarray(x), w[k:k + 1024].copy()))
+
+
+def test_arrays_on_a_second_device(rng):
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("one GPU")
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    want = lnfast.layer_norm_forward(cp.asarray(x))
+    with cp.cuda.Device(1):
+        x1 = cp.asarray(x)
+    got = lnfast.layer_norm_forward(x1)          # the current device is 0
+    assert all(a.device.id == 1 for a in got)
+    for g, w in zip(got, want):
+        assert np.array_equal(host(g)[0], host(w)[0])
+
+
 def test_out_in_place_and_zero_rows(rng):
     x, w, b = make(rng, (16, 256), np.float32)
     gx = cp.asarray(x)

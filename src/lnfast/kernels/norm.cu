@@ -61,8 +61,12 @@ __device__ __forceinline__ i64 row_offset(i64 r, i64 n1, i64 n2, i64 s0, i64 s1,
     return (r / n1) * s0 + (r % n1) * s1 + i2 * s2;
 }
 
-// VEC consecutive elements, moved as one 16-byte access when VEC > 1.
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack {
+// VEC consecutive elements, moved as one 16-byte access when VEC > 1.  A
+// pack of 8 floats (the weight beside 16-bit rows) is aligned to 16 bytes
+// only, as its vector is: two 16-byte loads, not one 32-byte load that
+// sm_100 would require aligned to 32.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC < 16 ? sizeof(T) * VEC : 16) Pack {
     T v[VEC];
 };
 
@@ -117,6 +121,45 @@ __device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
 }
 
 // ---------------------------------------------------------------------------
+// Forward: the sums of a row's x - shift and (x - shift)^2, in float64.
+template <typename T, int VEC>
+__device__ __forceinline__ void row_sums(const T *src, i64 inner, double shift, i64 D,
+                                         double (&s)[2])
+{
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+        Pack<T, VEC> a = load<T, VEC>(src, j, inner);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            double d = (double)to_f(a.v[k]) - shift;
+            s[0] += d;
+            s[1] += d * d;
+        }
+    }
+}
+
+// The map of a row, y = ((x - hi) - lo) * rs * w + b (RMSNorm: x * rs * w),
+// with its terms in C: F, or float64 for the rare float32 rows whose
+// deviations or rstd leave float32's range (as the CPU's row_exact).
+template <typename C, typename T, int VEC, bool CENTERED>
+__device__ __forceinline__ void row_map(const T *src, i64 inner,
+                                        const typename Math<T>::type *__restrict__ w,
+                                        const typename Math<T>::type *__restrict__ b, T *yr,
+                                        C hi, C lo, C rs, i64 D)
+{
+    typedef typename Math<T>::type F;
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+        Pack<T, VEC> a = load<T, VEC>(src, j, inner);
+        Pack<F, VEC> wp = load<F, VEC>(w, j, 1), bp = load<F, VEC>(b, j, 1);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            C v = CENTERED ? (((C)to_f(a.v[k]) - hi) - lo) * rs * (C)wp.v[k] + (C)bp.v[k]
+                           : (C)to_f(a.v[k]) * rs * (C)wp.v[k];
+            a.v[k] = from_m<T>((F)v);
+        }
+        store<T, VEC>(yr, j, a);
+    }
+}
+
 // Forward: one block per row (a grid-stride loop over rows).  With `res`,
 // z = x + res is written first and normalized from there (L1/L2): the z
 // that is returned, rounded to T.  S is the type of mean and rstd; weight
@@ -148,36 +191,33 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
             src = zr;
             inner = 1;
         }
-        const double shift = CENTERED ? (double)to_f(src[0]) : 0.0;
+        double shift = CENTERED ? (double)to_f(src[0]) : 0.0;
         double s[2] = {0.0, 0.0};
-        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
-            Pack<T, VEC> a = load<T, VEC>(src, j, inner);
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                double d = (double)to_f(a.v[k]) - shift;
-                s[0] += d;
-                s[1] += d * d;
-            }
-        }
+        row_sums<T, VEC>(src, inner, shift, D, s);
         block_sum<2>(s, smem);
-        double mean = CENTERED ? s[0] / D : 0.0;
-        double var = s[1] / D - mean * mean;
-        var = var < 0.0 ? 0.0 : var;    // clamp rounding below zero; NaN stays
-        mean += shift;
-        const double rstd = 1.0 / sqrt(var + eps);
-        const F hi = (F)mean, lo = (F)(mean - (double)hi), rs = (F)rstd;
-        T *yr = y + r * D;
-        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
-            Pack<T, VEC> a = load<T, VEC>(src, j, inner);
-            Pack<F, VEC> wp = load<F, VEC>(w, j, 1), bp = load<F, VEC>(b, j, 1);
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                F v = CENTERED ? (((F)to_f(a.v[k]) - hi) - lo) * rs * wp.v[k] + bp.v[k]
-                               : (F)to_f(a.v[k]) * rs * wp.v[k];
-                a.v[k] = from_m<T>(v);
-            }
-            store<T, VEC>(yr, j, a);
+        double m = CENTERED ? s[0] / D : 0.0;
+        // float64 rows: squares of x - shift are rounded, and the
+        // cancellation below magnifies that by 1 + m^2 / var; sum again
+        // about the mean where the shift lies 2 deviations off (the CPU's
+        // RESHIFT_F64; float32 terms are squared exactly in float64).
+        if (sizeof(T) == 8 && CENTERED && m * m > 4.0 * (s[1] / D - m * m)) {
+            shift += m;
+            s[0] = s[1] = 0.0;
+            row_sums<T, VEC>(src, inner, shift, D, s);
+            block_sum<2>(s, smem);
+            m = s[0] / D;
         }
+        double var = s[1] / D - m * m;
+        var = var < 0.0 ? 0.0 : var;    // clamp rounding below zero; NaN stays
+        const double mean = shift + m, t = mean - shift;
+        const double err = (shift - (mean - t)) + (m - t);  // mean + err == shift + m
+        const double rstd = 1.0 / sqrt(var + eps);
+        const F hi = (F)mean, lo = (F)((mean - (double)hi) + err), rs = (F)rstd;
+        T *yr = y + r * D;
+        if (sizeof(F) == 4 && !(D * var < 1e72 && rstd > 1e-30 && rstd < 1e30))
+            row_map<double, T, VEC, CENTERED>(src, inner, w, b, yr, mean, err, rstd, D);
+        else
+            row_map<F, T, VEC, CENTERED>(src, inner, w, b, yr, hi, lo, rs, D);
         if (threadIdx.x == 0) {
             if (mean_out != nullptr)
                 mean_out[r] = (S)(CENTERED ? (double)hi : 0.0);
@@ -189,6 +229,63 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
 }
 
 // ---------------------------------------------------------------------------
+// Backward: a row's sums of d = x - m, g = dy * w and g d, with the terms
+// formed in C (F, or float64 for the rare float32 rows whose terms overflow
+// float32, as the CPU's backward_exact) and summed in float64.
+template <typename C, typename T, int VEC>
+__device__ __forceinline__ void grad_sums(const T *xr, i64 x_in, const T *dyr, i64 dy_in,
+                                          const typename Math<T>::type *__restrict__ w, C m,
+                                          i64 D, double (&s)[3])
+{
+    typedef typename Math<T>::type F;
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+        Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
+        Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            C d = (C)to_f(a.v[k]) - m, gk = (C)to_f(g.v[k]) * (C)wp.v[k];
+            s[0] += (double)d;
+            s[1] += (double)gk;
+            s[2] += (double)gk * (double)d;
+        }
+    }
+}
+
+// The map of a row: dx (plus dz) from its sums s, in C as grad_sums, and
+// the row's dweight/dbias terms added to the block's partial rows.
+template <typename C, typename T, int VEC, bool CENTERED>
+__device__ __forceinline__ void grad_map(const T *xr, i64 x_in, const T *dyr, i64 dy_in,
+                                         const T *dzr, i64 dz_in,
+                                         const typename Math<T>::type *__restrict__ w,
+                                         T *dxr, double *pw, double *pb, C m, C rs,
+                                         const double (&s)[3], i64 D)
+{
+    typedef typename Math<T>::type F;
+    const double c = CENTERED ? s[0] / D : 0.0;
+    const C cr = (C)c, mg = CENTERED ? (C)(s[1] / D) : (C)0;
+    const C mgx = (C)((double)rs * (s[2] - c * s[1]) / D);
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
+        Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
+        Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
+        Pack<T, VEC> zp, out;
+        if (dzr != nullptr)
+            zp = load<T, VEC>(dzr, j, dz_in);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            C xh = (((C)to_f(a.v[k]) - m) - cr) * rs;
+            C gy = (C)to_f(g.v[k]);
+            C v = rs * ((gy * (C)wp.v[k] - mg) - xh * mgx);
+            if (dzr != nullptr)   // the gradient reaching z flows on unchanged
+                v += (C)to_f(zp.v[k]);
+            out.v[k] = from_m<T>((F)v);
+            pw[j + k] += (double)gy * (double)xh;
+            if (CENTERED)
+                pb[j + k] += (double)gy;
+        }
+        store<T, VEC>(dxr, j, out);
+    }
+}
+
 // Backward, step 1: block b takes the rows [b M / G, (b + 1) M / G) in order,
 // writes dx (plus dz), and sums dy * xhat and dy into its own partial rows
 // part[b][0:D] and part[b][D:2D].  Each column belongs to one thread, so the
@@ -211,45 +308,21 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
             pw[j + k] = pb[j + k] = 0;
     for (i64 r = r0; r < r1; r++) {
         const T *xr = ROW(x, r), *dyr = ROW(dy, r);
-        const F m = CENTERED ? (F)mean[r] : (F)0, rs = (F)rstd[r];
+        const double m = CENTERED ? (double)mean[r] : 0.0, rs = (double)rstd[r];
         double s[3] = {0.0, 0.0, 0.0};      // sum(x - m), sum(g), sum(g (x - m))
-        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
-            Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
-            Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                F d = (F)to_f(a.v[k]) - m, gk = (F)to_f(g.v[k]) * wp.v[k];
-                s[0] += (double)d;
-                s[1] += (double)gk;
-                s[2] += (double)gk * (double)d;
-            }
-        }
+        grad_sums<F, T, VEC>(xr, x_in, dyr, dy_in, w, (F)m, D, s);
         block_sum<3>(s, smem);
-        const double c = CENTERED ? s[0] / D : 0.0;
-        const F cr = (F)c;
-        const F mg = CENTERED ? (F)(s[1] / D) : (F)0;
-        const F mgx = (F)((double)rs * (s[2] - c * s[1]) / D);
         T *dxr = dx + r * D;
         const T *dzr = dz != nullptr ? ROW(dz, r) : nullptr;
-        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
-            Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
-            Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
-            Pack<T, VEC> zp, out;
-            if (dzr != nullptr)
-                zp = load<T, VEC>(dzr, j, dz_in);
-#pragma unroll
-            for (int k = 0; k < VEC; k++) {
-                F xh = (((F)to_f(a.v[k]) - m) - cr) * rs;
-                F gy = (F)to_f(g.v[k]);
-                F v = rs * ((gy * wp.v[k] - mg) - xh * mgx);
-                if (dzr != nullptr)   // the gradient reaching z flows on unchanged
-                    v += (F)to_f(zp.v[k]);
-                out.v[k] = from_m<T>(v);
-                pw[j + k] += (double)gy * (double)xh;
-                if (CENTERED)
-                    pb[j + k] += (double)gy;
-            }
-            store<T, VEC>(dxr, j, out);
+        if (sizeof(F) == 4 && !(-1e300 < s[0] + s[1] + s[2] && s[0] + s[1] + s[2] < 1e300)) {
+            s[0] = s[1] = s[2] = 0.0;       // (the same for every thread of the block)
+            grad_sums<double, T, VEC>(xr, x_in, dyr, dy_in, w, m, D, s);
+            block_sum<3>(s, smem);
+            grad_map<double, T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb,
+                                               m, rs, s, D);
+        } else {
+            grad_map<F, T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb,
+                                          (F)m, (F)rs, s, D);
         }
     }
 }

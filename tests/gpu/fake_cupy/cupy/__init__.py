@@ -45,6 +45,10 @@ class ndarray(np.ndarray):
     def data(self):
         return _Pointer(self.__array_interface__["data"][0])
 
+    @property
+    def device(self):
+        return Device(0)
+
 
 def _dev(a):
     return a.view(ndarray)
