@@ -341,3 +341,28 @@ def test_float64_rows_with_a_large_offset_keep_their_digits():
     dx, dw, db = lnfast.layer_norm_backward(x - 1e7, x, mean, rstd)
     for got, want in zip((dx, dw, db), ref.layer_norm_backward(x - 1e7, x, rmean, rrstd)):
         assert ref.rel_error(got, want) <= 1e-13
+
+
+@pytest.mark.parametrize("fn", [lnfast.layer_norm_forward, lnfast.rms_norm_forward])
+def test_float64_rows_whose_squares_leave_float64(fn):
+    # Deviations of 1e200 square past float64's top, of 1e-170 below its
+    # floor: such rows are redone scaled by a power of two (row_exact).
+    for scale in (1e200, 1e-170):
+        x = np.array([[1.0, -1.0, 0.3, 0.25], [3.0, -3.0, 0.0, 1.0]]) * scale
+        got = fn(x, eps=0.0)
+        want = fn(x / scale, eps=0.0)           # without eps the same normalized row
+        assert np.allclose(got[0], want[0], rtol=1e-15, atol=0)
+        assert np.allclose(got[-1] * scale, want[-1], rtol=1e-15, atol=0)
+
+
+def test_rows_whose_squares_all_underflow_are_not_taken_for_constant():
+    # Sums of exactly zero come from constant rows and from rows whose every
+    # square underflowed; with an eps too small to swamp such a variance
+    # the row is redone rather than normalized with rstd = eps**-0.5.
+    x = np.array([[0.0, 1e-23, -1e-23]], np.float32)
+    rstd = lnfast.layer_norm_forward(x, eps=1e-46)[2]
+    want = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-46)
+    assert abs(rstd[0] / want - 1) <= 1e-6
+    x = np.array([[1e-23, -1e-23]], np.float32)
+    rstd = lnfast.rms_norm_forward(x, eps=1e-47)[1]
+    assert abs(rstd[0] / (1 / np.sqrt(1e-46 + 1e-47)) - 1) <= 1e-6

@@ -15,7 +15,7 @@ not adjacent is gathered into a per-thread buffer first.
 """
 from cython.parallel cimport parallel, prange
 from libc.float cimport DBL_MAX
-from libc.math cimport sqrt
+from libc.math cimport fabs, frexp, ldexp, sqrt
 from libc.stdint cimport uint16_t, uintptr_t
 from libc.string cimport memcpy, memset
 
@@ -402,7 +402,7 @@ cdef inline void resum_far_shift(int storage, crow row, const real* w, double* s
 cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint centered,
                            real* k) noexcept nogil:
     """k = {hi, lo, rstd} of a row from its sums s over x - s[2] (RMSNorm:
-    over x); False for the rare float32 rows that row_exact must redo.
+    over x); False for the rare rows that row_exact must redo.
 
     LayerNorm sums run over x - x[0]: shifting by a member of the row keeps
     the sums of the size of the row's spread rather than its offset (and the
@@ -421,14 +421,18 @@ cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint cente
     cdef double d = mean, t, err
     var = 0.0 if var < 0.0 else var      # clamp rounding below zero; NaN stays
     cdef double rstd = 1.0 / sqrt(var + eps)
-    if real is float:
-        # float32 squares: a row whose variance is below 1e-30 (other than
-        # exactly constant) may have lost squares to underflow, and one near
-        # float32's top may have overflowed; such rows, and rows whose
-        # deviations or rstd leave float32's range, are done in float64.
-        if not ((var >= 1e-30 or (s[0] == 0.0 and s[1] == 0.0)) and D * var < 1e72
-                and 1e-30 < rstd < 1e30):
-            return False
+    # Squares in the working type: a row whose variance is below its floor
+    # may have lost squares to underflow (rows whose sums are exactly zero,
+    # constant rows among them, only matter where eps does not swamp that),
+    # and one near the type's top may have overflowed; such rows, and
+    # float32 rows whose deviations or rstd leave float32's range, are redone
+    # (row_exact).  NaN rows are redone too, and stay NaN.
+    cdef double floor = 1e-30 if real is float else 1e-290
+    if not ((var >= floor or (s[0] == 0.0 and s[1] == 0.0 and eps >= floor))
+            and s[1] < 1e300):
+        return False
+    if real is float and not (D * var < 1e72 and 1e-30 < rstd < 1e30):
+        return False
     mean += s[2]
     t = mean - s[2]
     err = (s[2] - (mean - t)) + (d - t)     # mean + err == s[2] + d exactly
@@ -441,23 +445,45 @@ cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint cente
 cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
                            Py_ssize_t D, double eps, bint centered,
                            real* k) noexcept nogil:
-    """A row with every term in float64, sums included: for float32 rows
-    past row_stats' limits.  k = {mean, 0, rstd} as stored."""
+    """A row past row_stats' limits, every term in float64: the deviations
+    d = x - x[0] (RMSNorm: x) scaled by the power of two sc that brings the
+    largest near 1, so that no square overflows or underflows float64, and
+    two passes (the mean of d, then the sums about it).  Any row at the
+    cost of three reads.  k = {mean, 0, rstd} as stored."""
     cdef double shift = x[0] if centered else 0.0
-    cdef double s1 = 0.0, s2 = 0.0, d, mean, var, rstd
+    cdef double big = 0.0, sc = 1.0, m = 0.0, s1 = 0.0, s2 = 0.0, d, var, rs, rstd
     cdef Py_ssize_t i
+    cdef int e
     for i in range(D):
-        d = <double>x[i] - shift
+        d = fabs(<double>x[i] - shift)
+        if big < d <= DBL_MAX:
+            big = d
+    if big > 0.0:
+        frexp(big, &e)
+        sc = ldexp(1.0, -e)
+    if centered:
+        for i in range(D):
+            m += (<double>x[i] - shift) * sc
+        m /= D
+    for i in range(D):
+        d = (<double>x[i] - shift) * sc - m
         s1 += d
         s2 += d * d
-    mean = s1 / D if centered else 0.0
-    var = s2 / D - mean * mean
+    m += s1 / D if centered else 0.0
+    var = s2 / D - (s1 / D) * (s1 / D) if centered else s2 / D
     var = 0.0 if var < 0.0 else var
-    mean += shift
-    rstd = 1.0 / sqrt(var + eps)
+    # rstd = 1 / sqrt(var / sc^2 + eps) and y = (x - mean) rstd = (d sc - m) rs
+    # with rs = rstd / sc, from the scaled variance unless eps sc^2 overflows.
+    if eps * sc * sc <= DBL_MAX:
+        rs = 1.0 / sqrt(var + eps * sc * sc)
+        rstd = rs * sc
+    else:
+        rstd = 1.0 / sqrt(var / sc / sc + eps)
+        rs = rstd / sc
     for i in range(D):
-        y[i] = <real>((<double>x[i] - mean) * rstd * w[i] + (b[i] if centered else 0.0))
-    k[0] = <real>mean
+        d = ((<double>x[i] - shift) * sc - m) * rs * w[i]
+        y[i] = <real>(d + b[i] if centered else d)
+    k[0] = <real>(shift + m / sc)
     k[1] = 0
     k[2] = <real>rstd
 
