@@ -1,5 +1,6 @@
 """SPEC "Introspection and command line"."""
 import json
+import os
 import subprocess
 import sys
 
@@ -64,10 +65,20 @@ def test_bench_rejects_a_bad_shape():
         assert p.returncode != 0 and "MxD" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_bench_rejects_counts_below_one():
-    for option, value in (("--threads", "0"), ("--repeat", "0"), ("--repeat", "-1")):
+def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
+    for option, value in (("--threads", "0"), ("--threads", "2000"), ("--repeat", "0"),
+                          ("--repeat", "-1"), ("--json", str(tmp_path / "no" / "x.json")),
+                          ("--plot", str(tmp_path / "no" / "x.png"))):
         p = run("bench", option, value)
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_bad_cache_limit_names_the_variable():
+    for value in ("-1", "abc", str(2**64)):
+        p = subprocess.run([sys.executable, "-c", "import lnfast"], capture_output=True,
+                           text=True, timeout=120,
+                           env={**os.environ, "LNFAST_CACHE_BYTES": value})
+        assert p.returncode != 0 and "ValueError: LNFAST_CACHE_BYTES" in p.stderr
 
 
 def test_bench_gpu_explains_what_it_needs():

@@ -10,6 +10,7 @@ spill from a cache that holds a copy of x.
 """
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -20,7 +21,7 @@ import numpy as np
 import lnfast
 from lnfast import _cpu
 from lnfast._checks import HALF_DTYPES, compute_dtype
-from lnfast._threads import get_num_threads
+from lnfast._threads import _MAX_THREADS, get_num_threads
 
 DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
           "float16": HALF_DTYPES[0], "bfloat16": HALF_DTYPES[1]}
@@ -36,13 +37,15 @@ def add_arguments(p):
     p.add_argument("--shapes", nargs="+", metavar="MxD", help=f"default: {' '.join(DEFAULT_SHAPES)}")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
                    help="default: all four")
-    p.add_argument("--threads", type=_positive, default=None, help="lnfast and torch threads")
+    p.add_argument("--threads", type=_thread_count, default=None,
+                   help="lnfast and torch threads")
     p.add_argument("--repeat", type=_positive, default=None, help="timed calls per case")
     p.add_argument("--functions", nargs="+", choices=["layer_norm", "add_layer_norm", "rms_norm"],
                    help="default: all")
     p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--json", metavar="PATH", type=_new_file, help="write the results as JSON")
+    p.add_argument("--plot", metavar="PATH", type=_new_file,
+                   help="write a PNG plot (needs matplotlib)")
     p.add_argument("--isa", choices=["best", "avx512", "avx2", "portable"], default="best",
                    help="run lnfast's row sweeps built for a lesser instruction set than the "
                         "CPU's best (what CPUs without it get); default: best")
@@ -59,6 +62,22 @@ def _positive(text):
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return n
+
+
+def _thread_count(text):
+    n = _positive(text)
+    if n > _MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"at most {_MAX_THREADS} threads, got {n}")
+    return n
+
+
+def _new_file(text):
+    """An argparse type: a file path whose folder exists (checked before a
+    run of many minutes, not after)."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"no folder {folder!r} to write {text!r} in")
+    return text
 
 
 def _shape(text):

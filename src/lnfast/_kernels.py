@@ -37,8 +37,9 @@ def _cache_limit_from_env():
         limit = int(text)
     except ValueError:
         limit = -1
-    if limit < 0:
-        raise ValueError(f"LNFAST_CACHE_BYTES must be an integer >= 0, got {text!r}")
+    if not 0 <= limit < 1 << 64:
+        raise ValueError(f"LNFAST_CACHE_BYTES must be an integer from 0 to 2**64 - 1, "
+                         f"got {text!r}")
     return limit
 
 
