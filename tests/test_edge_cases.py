@@ -29,6 +29,65 @@ def test_threaded_call_in_a_forked_child_does_not_hang():
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_child_forked_before_any_threaded_call_keeps_its_threads():
+    code = ("import os, sys, numpy as np, lnfast\n"
+            "lnfast.layer_norm(np.random.rand(4, 8))      # small: one thread\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    lnfast.set_num_threads(2); lnfast.layer_norm(np.random.rand(4096, 256))\n"
+            "    os._exit(0 if lnfast.get_num_threads() == 2 else 3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "sys.exit(os.waitstatus_to_exitcode(status))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+def test_openmps_default_is_capped_like_the_other_settings():
+    code = "import lnfast; print(lnfast.get_num_threads())"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "OMP_NUM_THREADS": "40000"})
+    assert p.returncode == 0 and p.stdout.strip() == "1024", p.stderr
+
+
+def test_emptying_the_cache_from_two_threads_keeps_its_limit():
+    import threading
+
+    limit = _cpu.cache_info()[1]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(3):
+            threads = [threading.Thread(target=lambda: [lnfast.empty_cache() for _ in range(2000)])
+                       for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert _cpu.cache_info()[1] == limit
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def test_backward_float32_runs_take_two_rows_per_thread():
+    # Scratch beyond the outputs: 64 chunks' float64 partial rows (2 D
+    # doubles each) and each thread's float32 runs (2 D floats).
+    x = np.random.default_rng(3).standard_normal((8192, 1024)).astype(np.float32)
+    _, mean, rstd = lnfast.layer_norm_forward(x)
+    lnfast.set_num_threads(8)
+    try:
+        tracemalloc.start()
+        dx, dw, db = lnfast.layer_norm_backward(x, x, mean, rstd)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    finally:
+        lnfast.set_num_threads(None)
+    D = 1024
+    scratch = peak - dx.nbytes - 2 * D * 4
+    assert scratch <= 64 * 2 * D * 8 + 8 * 2 * D * 4 + 4096
+
+
 def test_out_is_x_with_rows_sharing_memory(rng):
     b = rng.standard_normal(8)
     x = as_strided(b, (4, 8), (0, 8), writeable=True)   # four rows, one row of memory

@@ -50,9 +50,7 @@ _CACHE_MIN = _cpu.cache_info()[2]
 def empty_cache():
     """Return the cached output buffers (and the cached stand-in weight
     vectors) to the system (see docs/api.md)."""
-    limit = _cpu.cache_info()[1]
-    _cpu.set_cache_limit(0)
-    _cpu.set_cache_limit(limit)
+    _cpu.clear_cache()
     _cpu.drop_constants()
 
 

@@ -2,8 +2,9 @@
 
 Order: lnfast.set_num_threads(n), else the LNFAST_NUM_THREADS environment
 variable, else OpenMP's current default (which threadpoolctl can limit).
-In a process forked from one that has used threads the count is 1: GNU
-OpenMP's thread pool does not survive fork, and a threaded call would hang.
+In a process forked from one whose lnfast calls have used threads the
+count is 1: GNU OpenMP's thread pool does not survive fork, and a threaded
+call would hang.
 """
 import operator
 import os
@@ -11,7 +12,8 @@ import os
 from lnfast import _cpu
 
 _requested = None
-_forked = False
+_forked = False         # in a child forked after a threaded call
+_threaded = False       # a call here has run on more than one thread
 # Each thread of a team is an OS thread: far more than any machine's cores
 # only wears the memory bus, and tens of thousands make GNU OpenMP abort the
 # process when it cannot create them.
@@ -28,7 +30,7 @@ except AttributeError:      # another os.environ
 
 def _after_fork_in_child():
     global _forked
-    _forked = True
+    _forked = _forked or _threaded
 
 
 if hasattr(os, "register_at_fork"):
@@ -64,7 +66,7 @@ def get_num_threads():
     if _requested is not None:
         return _requested
     n = _env_threads()
-    return n if n else _cpu.omp_max_threads()
+    return n if n else min(_cpu.omp_max_threads(), _MAX_THREADS)
 
 
 _env_parsed = (None, None)     # (the variable's value, its count): one object, thread-safe
@@ -95,8 +97,12 @@ def threads_for(n_elements, min_elements=PARALLEL_MIN_ELEMENTS):
     """Threads to use for a call touching `n_elements` elements.  Small calls
     run on one thread but still check LNFAST_NUM_THREADS, so that a bad value
     fails on every call, not only on large ones."""
+    global _threaded
     if n_elements >= min_elements:
-        return get_num_threads()
+        n = get_num_threads()
+        if n > 1:
+            _threaded = True
+        return n
     if _requested is None and _ENV.get(_ENV_KEY) is not _env_parsed[0]:
         _env_threads()          # (a new value: parse it, raising if bad)
     return 1

@@ -138,6 +138,18 @@ static void lnf_pool_set_limit(size_t limit)
         free(evict[k]);
 }
 
+/* Release every cached block; the limit stays (one step under the lock:
+ * two threads emptying the cache at once cannot leave it limited to 0). */
+static void lnf_pool_clear(void)
+{
+    void *evict[LNF_POOL_SLOTS];
+    PyThread_acquire_lock(lnf_pool.lock, WAIT_LOCK);
+    int n_evict = lnf_pool_trim_locked(0, LNF_POOL_SLOTS, evict);
+    PyThread_release_lock(lnf_pool.lock);
+    for (int k = 0; k < n_evict; k++)
+        free(evict[k]);
+}
+
 static size_t lnf_pool_bytes(void) { return lnf_pool.bytes; }
 static size_t lnf_pool_limit(void) { return lnf_pool.limit; }
 
