@@ -886,20 +886,17 @@ cdef inline Py_ssize_t partial_stride(Py_ssize_t D) noexcept nogil:
     return (2 * D + 7) & ~7
 
 
-cdef inline Py_ssize_t run_stride(Py_ssize_t D) noexcept nogil:
-    """Floats from one thread's float32 runs (dweight, then dbias) to the
-    next's: whole 64-byte lines."""
-    return (2 * D + 15) & ~15
-
-
 cdef inline real* run_rows(real* runs, double* dw, int t, Py_ssize_t D) noexcept nogil:
     """Where thread t sums a run of a chunk's dweight/dbias terms
-    (RUN_ROWS): float32 rows of its own, padded to whole lines, or the
-    chunk's float64 partial rows dw themselves."""
+    (RUN_ROWS): float32 rows of its own, one partial stride (4 D floats)
+    apart although they fill half of it: with the runs of two threads 8 KiB
+    apart at D = 1024, 8192x1024 float32 backward took 17% longer (two
+    threads, side by side), or the chunk's float64 partial rows dw
+    themselves."""
     if real is double:
         return dw
     else:
-        return runs + run_stride(D) * t
+        return runs + 2 * partial_stride(D) * t
 
 
 cdef void backward_rows(const Rows* a, const real* w, const real* mean,
@@ -1108,7 +1105,8 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     # faster aligned at the shapes that sit in the L3).  One float64 chunk is
     # summed in dwdb itself when that is aligned, or when its few rows would
     # not win back a buffer of their own (1x768: 1.1 us in place, 1.3 with).
-    # The float32 runs (RUN_ROWS) take 2 D floats per thread, also on lines.  A call of one run (RUN_ROWS rows or fewer
+    # The float32 runs (RUN_ROWS) take one more partial stride per thread
+    # (run_rows), also on lines.  A call of one run (RUN_ROWS rows or fewer
     # in one chunk) rounds it straight to dwdb and needs no partial rows.
     cdef double* part = <double*>cnp.PyArray_DATA(dwdb)
     cdef bint f32 = not params_init(&a, w, None)     # float32 arithmetic
@@ -1121,8 +1119,7 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     cdef Py_ssize_t stride = partial_stride(a.D)
     cdef cnp.ndarray partials = None
     cdef double* base = NULL
-    n = ((0 if in_place or a.one_run else stride * nchunks)
-         + (run_stride(a.D) // 2 * a.nthreads if f32 else 0))
+    n = (0 if in_place or a.one_run else stride * nchunks) + (stride * a.nthreads if f32 else 0)
     if n:
         n += 8
         partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
