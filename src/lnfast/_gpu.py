@@ -171,12 +171,37 @@ def _prepare(inputs, lead_shape):
     return inputs, shape, strides
 
 
+_constants = {}                 # (device, value, D, dtype) -> stand-in vector
+_CONSTANT_MAX_D = 1 << 16       # as the CPU path's (lnfast._cpu.constant)
+_CONSTANT_MAX_KEPT = 64
+
+
+def _constant(value, D, dtype):
+    """D copies of `value` on the current device: the stand-in for
+    weight=None or bias=None, kept for reuse rather than filled per call."""
+    cp = _cupy()
+    key = (cp.cuda.Device().id, value, D, np.dtype(dtype))
+    v = _constants.get(key)
+    if v is None:
+        v = cp.full(D, value, dtype=dtype)
+        if D <= _CONSTANT_MAX_D:
+            if len(_constants) >= _CONSTANT_MAX_KEPT:
+                _constants.clear()
+            _constants[key] = v
+    return v
+
+
+def drop_constants():
+    """Forget the kept stand-in vectors (lnfast.empty_cache)."""
+    _constants.clear()
+
+
 def _vector(p, value, D, dtype):
     """weight or bias as a contiguous, 16-byte aligned vector of `dtype`
     (kernels/norm.cu reads it in packs of up to 16 bytes)."""
     cp = _cupy()
     if p is None:
-        return cp.full(D, value, dtype=dtype)
+        return _constant(value, D, dtype)
     v = cp.ascontiguousarray(p, dtype=dtype)
     return v if v.data.ptr % 16 == 0 else v.copy()
 
@@ -218,10 +243,11 @@ def _forward(x, weight, bias, eps, centered, residual, out, with_mean, with_rstd
         vec = vec if _vector_ok(rows, row_st, D, vec) else 1
         kernel = _kernel(_name("norm_forward", dtype, vec, centered))
         grid = int(min(M, 32 * _sm_count(cp.cuda.Device().id)))
+        w = _vector(weight, 1.0, D, compute)
+        b = _vector(bias, 0.0, D, compute) if centered else w     # (RMSNorm: unread)
         kernel((grid,), (_threads(D, vec),),
                (*_row_args(x, st[0]), *_row_args(residual, st[1]),
-                z if z is not None else np.uint64(0), y,
-                _vector(weight, 1.0, D, compute), _vector(bias, 0.0, D, compute),
+                z if z is not None else np.uint64(0), y, w, b,
                 mean if mean is not None else np.uint64(0),
                 rstd if rstd is not None else np.uint64(0),
                 np.int64(M), np.int64(D), np.int64(n[1]), np.int64(n[2]), np.float64(eps)))
