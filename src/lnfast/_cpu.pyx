@@ -453,26 +453,33 @@ cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
                            real* k) noexcept nogil:
     """A row past row_stats' limits, every term in float64: the deviations
     d = x - x[0] (RMSNorm: x) scaled by the power of two sc that brings the
-    largest near 1, so that no square overflows or underflows float64, and
-    two passes (the mean of d, then the sums about it).  Any row at the
-    cost of three reads.  k = {mean, 0, rstd} as stored."""
-    cdef double shift = x[0] if centered else 0.0
+    largest near 1 (or as near as float64 allows), so that no square
+    overflows or underflows, and two passes (the mean of d, then the sums
+    about it).  Any finite row at the cost of four reads.  k = {mean, 0,
+    rstd} as stored."""
+    cdef double pre = 1.0       # 1/2 where x - x[0] could overflow: x / 2 is exact there
+    cdef Py_ssize_t j
+    for j in range(D):
+        if ldexp(1.0, 1022) < fabs(<double>x[j]) <= DBL_MAX:
+            pre = 0.5
+    eps = eps * pre * pre
+    cdef double shift = (x[0] if centered else 0.0) * pre
     cdef double big = 0.0, sc = 1.0, m = 0.0, s1 = 0.0, s2 = 0.0, d, var, rs, rstd
     cdef Py_ssize_t i
     cdef int e
     for i in range(D):
-        d = fabs(<double>x[i] - shift)
+        d = fabs(<double>x[i] * pre - shift)
         if big < d <= DBL_MAX:
             big = d
     if big > 0.0:
         frexp(big, &e)
-        sc = ldexp(1.0, -e)
+        sc = ldexp(1.0, -e if e > -1022 else 1022)   # (2**1024 overflows)
     if centered:
         for i in range(D):
-            m += (<double>x[i] - shift) * sc
+            m += (<double>x[i] * pre - shift) * sc
         m /= D
     for i in range(D):
-        d = (<double>x[i] - shift) * sc - m
+        d = (<double>x[i] * pre - shift) * sc - m
         s1 += d
         s2 += d * d
     m += s1 / D if centered else 0.0
@@ -482,14 +489,15 @@ cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
     # with rs = rstd / sc, from the scaled variance unless eps sc^2 overflows.
     if eps * sc * sc <= DBL_MAX:
         rs = 1.0 / sqrt(var + eps * sc * sc)
-        rstd = rs * sc
+        rstd = rs * sc * pre
     else:
         rstd = 1.0 / sqrt(var / sc / sc + eps)
         rs = rstd / sc
+        rstd *= pre
     for i in range(D):
-        d = ((<double>x[i] - shift) * sc - m) * rs * w[i]
+        d = ((<double>x[i] * pre - shift) * sc - m) * rs * w[i]
         y[i] = <real>(d + b[i] if centered else d)
-    k[0] = <real>(shift + m / sc)
+    k[0] = <real>((shift + m / sc) / pre)
     k[1] = 0
     k[2] = <real>rstd
 

@@ -171,37 +171,14 @@ def _prepare(inputs, lead_shape):
     return inputs, shape, strides
 
 
-_constants = {}                 # (device, value, D, dtype) -> stand-in vector
-_CONSTANT_MAX_D = 1 << 16       # as the CPU path's (lnfast._cpu.constant)
-_CONSTANT_MAX_KEPT = 64
-
-
-def _constant(value, D, dtype):
-    """D copies of `value` on the current device: the stand-in for
-    weight=None or bias=None, kept for reuse rather than filled per call."""
-    cp = _cupy()
-    key = (cp.cuda.Device().id, value, D, np.dtype(dtype))
-    v = _constants.get(key)
-    if v is None:
-        v = cp.full(D, value, dtype=dtype)
-        if D <= _CONSTANT_MAX_D:
-            if len(_constants) >= _CONSTANT_MAX_KEPT:
-                _constants.clear()
-            _constants[key] = v
-    return v
-
-
-def drop_constants():
-    """Forget the kept stand-in vectors (lnfast.empty_cache)."""
-    _constants.clear()
-
-
 def _vector(p, value, D, dtype):
     """weight or bias as a contiguous, 16-byte aligned vector of `dtype`
-    (kernels/norm.cu reads it in packs of up to 16 bytes)."""
+    (kernels/norm.cu reads it in packs of up to 16 bytes); for None, a
+    vector of `value` filled on the call's stream (a kept one could be read
+    on another stream before its fill had run)."""
     cp = _cupy()
     if p is None:
-        return _constant(value, D, dtype)
+        return cp.full(D, value, dtype=dtype)
     v = cp.ascontiguousarray(p, dtype=dtype)
     return v if v.data.ptr % 16 == 0 else v.copy()
 

@@ -4,7 +4,6 @@ Arguments arrive checked (lnfast._checks)."""
 import functools
 import math
 import os
-import sys
 
 import numpy as np
 
@@ -53,9 +52,6 @@ def empty_cache():
     vectors) to the system (see docs/api.md)."""
     _cpu.clear_cache()
     _cpu.drop_constants()
-    gpu = sys.modules.get("lnfast._gpu")
-    if gpu is not None:
-        gpu.drop_constants()
 
 
 def _empty(shape, dtype, nbytes=None):

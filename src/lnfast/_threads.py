@@ -2,9 +2,9 @@
 
 Order: lnfast.set_num_threads(n), else the LNFAST_NUM_THREADS environment
 variable, else OpenMP's current default (which threadpoolctl can limit).
-In a process forked from one whose lnfast calls have used threads the
-count is 1: GNU OpenMP's thread pool does not survive fork, and a threaded
-call would hang.
+In a process forked after lnfast was imported the count is 1: GNU OpenMP's
+thread pool does not survive fork, a threaded call would hang, and whether
+the parent (or any other library in it) started that pool cannot be asked.
 """
 import operator
 import os
@@ -12,8 +12,7 @@ import os
 from lnfast import _cpu
 
 _requested = None
-_forked = False         # in a child forked after a threaded call
-_threaded = False       # a call here has run on more than one thread
+_forked = False
 # Each thread of a team is an OS thread: far more than any machine's cores
 # only wears the memory bus, and tens of thousands make GNU OpenMP abort the
 # process when it cannot create them.
@@ -30,7 +29,7 @@ except AttributeError:      # another os.environ
 
 def _after_fork_in_child():
     global _forked
-    _forked = _forked or _threaded
+    _forked = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -97,12 +96,8 @@ def threads_for(n_elements, min_elements=PARALLEL_MIN_ELEMENTS):
     """Threads to use for a call touching `n_elements` elements.  Small calls
     run on one thread but still check LNFAST_NUM_THREADS, so that a bad value
     fails on every call, not only on large ones."""
-    global _threaded
     if n_elements >= min_elements:
-        n = get_num_threads()
-        if n > 1:
-            _threaded = True
-        return n
+        return get_num_threads()
     if _requested is None and _ENV.get(_ENV_KEY) is not _env_parsed[0]:
         _env_threads()          # (a new value: parse it, raising if bad)
     return 1
