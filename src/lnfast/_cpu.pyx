@@ -22,7 +22,8 @@ from libc.string cimport memcpy, memset
 cimport numpy as cnp
 import numpy as np
 
-from lnfast._openmp_helpers cimport LNFAST_OPENMP, omp_get_max_threads, omp_get_thread_num
+from lnfast._openmp_helpers cimport (LNFAST_OPENMP, lnf_omp_barrier, omp_get_max_threads,
+                                     omp_get_num_threads, omp_get_thread_num)
 
 cnp.import_array()
 
@@ -236,6 +237,8 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
     void lnf_f64_to_f32_odd_row(const double* src, float* dst, Py_ssize_t n)
     int lnf_has_f16c()
     void lnf_add_run(double* dw, float* g, Py_ssize_t n, int first)
+    void lnf_stream_fence()
+    int LNF_STREAM_NOFENCE
     # Row sweeps (rowops.h), one per storage type; f16/bf16 rows are
     # uint16_t bits computed in float32.
     void lnf_row_pipe_f32(const float* x, float* y, const float* w, const float* b,
@@ -355,11 +358,12 @@ cdef inline void row_pipe(int storage, crow x, void* y, const real* w, const rea
 cdef inline void row_grad_pipe(int storage, crow x, crow dy, crow dz, void* dx,
                                const real* k, real* dw, real* db, crow xn, crow dyn,
                                real mean_n, double* s, const real* w, Py_ssize_t D,
-                               crow xf=NULL, crow dyf=NULL, bint stream=False) noexcept nogil:
+                               crow xf=NULL, crow dyf=NULL, int stream=0) noexcept nogil:
     """rowops.h lnf_row_grad_pipe on rows stored as `storage`: the map of
     row x (x NULL: none) and the sums s[0..2] of the next row xn (xn NULL:
     none); xf, dyf: the rows after xn and dyn, to prefetch (or NULL);
-    stream: write dx with streaming stores (STREAM_ROW_BYTES)."""
+    stream: write dx with streaming stores (STREAM_ROW_BYTES), | the
+    caller fences them (LNF_STREAM_NOFENCE)."""
     if real is double:
         lnf_row_grad_pipe_f64(<const double*>x, <const double*>dy, <const double*>dz,
                               <double*>dx, k, dw, db, <const double*>xn, <const double*>dyn,
@@ -552,6 +556,8 @@ cdef struct Rows:
     bint one_run                # backward: one chunk of one float32 run (round_run)
     bint direct                 # all rows contiguous, in x's storage type
     bint stream                 # write y or dx with streaming stores
+    bint blocked                # backward: rows summed by column blocks of
+    Py_ssize_t col_block        # col_block columns (backward_blocks)
     RowMap w, b                 # weight and bias; 16-bit ones are widened per thread
     Py_ssize_t M, D
     Py_ssize_t scratch_stride   # floats or doubles of scratch per thread
@@ -815,15 +821,161 @@ cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
         store_row(&a.dx, r, D, dxr)
 
 
+# Long rows are summed by blocks of COL_BLOCK columns, each block's sums
+# added in block order (backward_blocks): where a row's working set in the
+# backward sweep (x and dy of the row mapped and of the row summed, the
+# weight, the dweight/dbias rows) is BLOCKED_ROW_BYTES or more, it no longer
+# fits one core's L2 beside the rest, and then the threads share each row's
+# columns, blocks apart, rather than each taking rows of its own: on two
+# cores each holds half the set.  The blocks are fixed by D alone, so the
+# bits do not depend on which thread sums which block, nor on whether the
+# threads share rows at all.  Measured (two threads, side by side): 1.25x
+# at 1024x65536 float64 (3.5 MiB), 1.14x float32 (1.75 MiB), 1.44x
+# 512x131072 bfloat16, 1.08x 2048x32768 float64 (1.75 MiB); 0.84-0.96x at
+# 1.07-1.53 MiB, where the barriers and the blocks' calls cost more.  Blocks
+# of 4096 on one thread: 0.98x (a call per block).  Module settings,
+# changed only by tests (blocked_settings); a call reads them once.
+cdef Py_ssize_t BLOCKED_ROW_BYTES = 7 << 18
+cdef Py_ssize_t COL_BLOCK = 4096
+
+
+def blocked_settings(Py_ssize_t row_bytes, Py_ssize_t col_block):
+    """Set BLOCKED_ROW_BYTES and COL_BLOCK (for tests: small rows can then
+    take the blocked path); returns the previous pair."""
+    global BLOCKED_ROW_BYTES, COL_BLOCK
+    if row_bytes < 0 or col_block < 1:
+        raise ValueError("row_bytes must be >= 0 and col_block >= 1")
+    old = (BLOCKED_ROW_BYTES, COL_BLOCK)
+    BLOCKED_ROW_BYTES, COL_BLOCK = row_bytes, col_block
+    return old
+
+
+cdef inline bint blocked_rows(Py_ssize_t D, Py_ssize_t storage_bytes,
+                              Py_ssize_t real_bytes) noexcept nogil:
+    """Whether direct backward rows of D elements (stored in storage_bytes,
+    computed in real_bytes) are summed by column blocks (BLOCKED_ROW_BYTES)."""
+    return D * (4 * storage_bytes + 3 * real_bytes) >= BLOCKED_ROW_BYTES
+
+
+cdef void backward_blocks(const Rows* a, const real* w, const real* mean, const real* rstd,
+                          Py_ssize_t r0, Py_ssize_t r1, double* dw, real* g, double* sums,
+                          real* buf, int t, int nt) noexcept nogil:
+    """Rows r0..r1-1 of a chunk as backward_block does them, by column
+    blocks: thread t of the nt that share the chunk (nt > 1: all the
+    threads of the region, which all call this) takes blocks
+    [t nb / nt, (t + 1) nb / nt) of every row.  One sweep of each block maps
+    row r and sums row r + 1 into sums[3 ((r + 1) % 2 * nb + block)]; with
+    nt > 1 a barrier after each row publishes them, and every thread adds
+    up a row's blocks in block order.  g (float32 runs) and dw are shared:
+    each thread adds into its own columns only.  The rare float32 rows that
+    backward_exact redoes are done whole by thread 0 between two barriers
+    (every thread sees the same sums, so all take that branch)."""
+    cdef Py_ssize_t D = a.D, cbk = a.col_block, nb = (D + cbk - 1) // cbk
+    cdef Py_ssize_t b0 = t * nb // nt, b1 = (t + 1) * nb // nt
+    cdef Py_ssize_t c0 = b0 * cbk, c1 = min(b1 * cbk, D)
+    cdef Py_ssize_t r, b, j, cb, n, slot
+    cdef int st = a.x.storage
+    cdef Py_ssize_t isz = sizeof(real) if st == NATIVE else 2      # bytes per stored value
+    cdef int stream = (1 | LNF_STREAM_NOFENCE) if a.stream else 0
+    cdef bint c = a.centered, nxt
+    cdef double s[3]
+    cdef real k[5]
+    cdef const char* xr
+    cdef const char* dyr
+    cdef const char* dzr
+    cdef char* dxr
+    cdef const char* xn
+    cdef const char* dyn
+    cdef const char* xf
+    cdef const char* dyf
+    cdef real mn
+    for j in range(c0, c1):     # (double: g is dw; float: runs set dw)
+        g[j] = 0
+        if c:
+            g[D + j] = 0
+        if real is float and r0 >= r1:      # (an empty chunk adds no run)
+            dw[j] = 0
+            if c:
+                dw[D + j] = 0
+    if r0 >= r1:
+        return
+    xn = <const char*>row_ptr(&a.x, r0)
+    dyn = <const char*>row_ptr(&a.dy, r0)
+    for b in range(b0, b1):
+        cb = b * cbk
+        row_grad_pipe(st, NULL, NULL, NULL, NULL, NULL, NULL, NULL, xn + cb * isz,
+                      dyn + cb * isz, mean[r0] if c else 0, sums + 3 * b, w + cb,
+                      min(cbk, D - cb))
+    if nt > 1:
+        lnf_omp_barrier()
+    for r in range(r0, r1):
+        slot = (r - r0) % 2 * nb
+        s[0] = sums[3 * slot]
+        s[1] = sums[3 * slot + 1]
+        s[2] = sums[3 * slot + 2]
+        for b in range(1, nb):
+            s[0] += sums[3 * (slot + b)]
+            s[1] += sums[3 * (slot + b) + 1]
+            s[2] += sums[3 * (slot + b) + 2]
+        nxt = r + 1 < r1
+        xn = <const char*>row_or_null(&a.x, r + 1, r1)
+        dyn = <const char*>row_or_null(&a.dy, r + 1, r1)
+        mn = mean[r + 1] if c and nxt else 0
+        slot = (r + 1 - r0) % 2 * nb
+        if real is float and not sums_finite(s):
+            if nt > 1:
+                lnf_omp_barrier()   # (every thread is done with the last run)
+            if t == 0:
+                backward_exact(a, w, mean, rstd, r, g, buf)
+            for b in range(b0, b1):
+                cb = b * cbk
+                if nxt:
+                    row_grad_pipe(st, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                  xn + cb * isz, dyn + cb * isz, mn, sums + 3 * (slot + b),
+                                  w + cb, min(cbk, D - cb))
+        else:
+            row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k)
+            xr = <const char*>row_ptr(&a.x, r)
+            dyr = <const char*>row_ptr(&a.dy, r)
+            dzr = <const char*>row_or_null(&a.dz, r, r1, a.has_dz)
+            dxr = row_ptr(&a.dx, r)
+            for b in range(b0, b1):
+                cb = b * cbk
+                n = min(cbk, D - cb)
+                xf = dyf = NULL     # (to prefetch: this thread's next block)
+                if nxt and b + 1 < b1:
+                    xf, dyf = xn + (cb + n) * isz, dyn + (cb + n) * isz
+                elif r + 2 < r1:
+                    xf = <const char*>row_ptr(&a.x, r + 2) + c0 * isz
+                    dyf = <const char*>row_ptr(&a.dy, r + 2) + c0 * isz
+                row_grad_pipe(st, xr + cb * isz, dyr + cb * isz,
+                              dzr + cb * isz if dzr != NULL else NULL, dxr + cb * isz, k,
+                              g + cb, g + D + cb if c else NULL,
+                              xn + cb * isz if nxt else NULL, dyn + cb * isz if nxt else NULL,
+                              mn, sums + 3 * (slot + b), w + cb, n, xf, dyf, stream)
+            if stream:
+                lnf_stream_fence()
+        if nt > 1:
+            lnf_omp_barrier()       # (the sums of row r + 1 are all in)
+        if real is float and not a.one_run and (
+                (r - r0) % RUN_ROWS == RUN_ROWS - 1 or r == r1 - 1):
+            lnf_add_run(dw + c0, g + c0, c1 - c0, r - r0 < RUN_ROWS)
+            if c:
+                lnf_add_run(dw + D + c0, g + D + c0, c1 - c0, r - r0 < RUN_ROWS)
+
+
 cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
-                                double* dw, real* g, real* buf) noexcept nogil:
+                                double* dw, real* g, double* sums, real* buf) noexcept nogil:
     """Rows r0..r1-1, their dweight/dbias terms summed into the float64
     partial rows dw[0:2D] (dw[0:D] for RMSNorm) in row order: directly when
     real is double (g is dw), else through the float32 runs g[0:2D], which
     are zero before and after (zeroed once per thread, zeroed by each run
-    added)."""
+    added).  sums: the thread's block sums (backward_blocks)."""
     cdef Py_ssize_t r
+    if a.blocked:
+        backward_blocks(a, w, mean, rstd, r0, r1, dw, g, sums, buf, 0, 1)
+        return
     if real is double or r0 >= r1:      # (an empty chunk adds no run)
         memset(dw, 0, 2 * a.D * sizeof(double))
     if a.direct:
@@ -909,13 +1061,19 @@ cdef inline real* run_rows(real* runs, double* dw, int t, Py_ssize_t D) noexcept
 
 cdef void backward_rows(const Rows* a, const real* w, const real* mean,
                         const real* rstd, Py_ssize_t nchunks, double* partials,
-                        real* runs, void* dwdb, int kind, real* scratch) noexcept:
+                        real* runs, double* sums, void* dwdb, int kind,
+                        real* scratch) noexcept:
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
-    the partials are then added in chunk order: bitwise reproducible."""
+    the partials are then added in chunk order: bitwise reproducible.
+    Blocked rows (backward_blocks) on no more threads than a row has column
+    blocks: all threads take every chunk in turn, each its share of the
+    columns; otherwise each thread takes chunks of its own.  sums: 6 nb
+    doubles of block sums per thread."""
     cdef Py_ssize_t c, k, M = a.M, D = a.D, stride = partial_stride(D)
     cdef Py_ssize_t width = 2 * D if a.centered else D     # (RMSNorm: no dbias)
     cdef Py_ssize_t nblocks = (width + SUM_BLOCK - 1) // SUM_BLOCK
+    cdef Py_ssize_t nb = (D + a.col_block - 1) // a.col_block
     cdef real* buf = NULL
     cdef const real* wt = w
     cdef int t
@@ -927,7 +1085,17 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
             for c in range(nchunks):
                 backward_chunk(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
-                               run_rows(runs, partials + stride * c, 0, D), scratch)
+                               run_rows(runs, partials + stride * c, 0, D), sums, scratch)
+    elif a.blocked and a.nthreads <= nb:
+        with nogil, parallel(num_threads=a.nthreads):
+            t = omp_get_thread_num()
+            buf = scratch + a.scratch_stride * t if scratch != NULL else NULL
+            wt = param(&a.w, w, buf, BACKWARD_SCRATCH, D)
+            for c in range(nchunks):    # (every thread: the barriers are in there)
+                backward_blocks(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
+                                partials + stride * c,
+                                run_rows(runs, partials + stride * c, 0, D), sums, buf,
+                                t, omp_get_num_threads())
     else:
         with nogil, parallel(num_threads=a.nthreads):
             t = omp_get_thread_num()
@@ -938,7 +1106,8 @@ cdef void backward_rows(const Rows* a, const real* w, const real* mean,
             for c in prange(nchunks, schedule='static'):
                 backward_chunk(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
-                               run_rows(runs, partials + stride * c, t, D), buf)
+                               run_rows(runs, partials + stride * c, t, D),
+                               sums + 6 * nb * t, buf)
     if real is float and a.one_run:     # (one thread: nchunks is 1)
         with nogil:
             round_run(run_rows(runs, NULL, 0, D), width, dwdb, kind)
@@ -968,7 +1137,8 @@ cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
     a.eps = eps
     a.centered = centered
     a.nthreads = nthreads
-    a.has_res = a.has_dz = a.stream = a.one_run = False
+    a.has_res = a.has_dz = a.stream = a.one_run = a.blocked = False
+    a.col_block = COL_BLOCK
     rowmap_init(&a.x, x)
     return 0
 
@@ -1119,6 +1289,10 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     cdef double* part = <double*>cnp.PyArray_DATA(dwdb)
     cdef bint f32 = not params_init(&a, w, None)     # float32 arithmetic
     a.nthreads = min(nthreads, nchunks)
+    scratch = row_scratch(&a, not f32, (x, dy, dz, dx), BACKWARD_SCRATCH)
+    a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
+    a.blocked = a.direct and blocked_rows(a.D, cnp.PyArray_ITEMSIZE(x), 4 if f32 else 8)
+    cdef Py_ssize_t nsums = 6 * ((a.D + a.col_block - 1) // a.col_block) * a.nthreads if a.blocked else 0
     a.one_run = f32 and nchunks == 1 and a.M <= RUN_ROWS
     cdef bint in_place = (nchunks == 1 and kind == GRAD_F64
                           and (<uintptr_t>part % 64 == 0 or a.M < 16))
@@ -1127,7 +1301,8 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     cdef Py_ssize_t stride = partial_stride(a.D)
     cdef cnp.ndarray partials = None
     cdef double* base = NULL
-    n = (0 if in_place or a.one_run else stride * nchunks) + (stride * a.nthreads if f32 else 0)
+    n = ((0 if in_place or a.one_run else stride * nchunks) + (stride * a.nthreads if f32 else 0)
+         + nsums)
     if n:
         n += 8
         partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
@@ -1135,19 +1310,18 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     if not (in_place or a.one_run):
         part = base
         base += stride * nchunks
+    cdef double* sums = base + (stride * a.nthreads if f32 else 0)
     if not centered:    # (RMSNorm sums no dbias: backward_rows)
         memset(<char*>cnp.PyArray_DATA(dwdb) + cnp.PyArray_NBYTES(dwdb) // 2, 0,
                cnp.PyArray_NBYTES(dwdb) // 2)
-    scratch = row_scratch(&a, not f32, (x, dy, dz, dx), BACKWARD_SCRATCH)
-    a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
     if f32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,
-                             cnp.PyArray_DATA(dwdb), kind, <float*>aligned_data(scratch))
+                             sums, cnp.PyArray_DATA(dwdb), kind, <float*>aligned_data(scratch))
     else:
         backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
                               <double*>cnp.PyArray_DATA(rstd), nchunks, part, NULL,
-                              cnp.PyArray_DATA(dwdb), kind, <double*>aligned_data(scratch))
+                              sums, cnp.PyArray_DATA(dwdb), kind, <double*>aligned_data(scratch))
     return 0
 
 

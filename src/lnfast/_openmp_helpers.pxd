@@ -6,12 +6,18 @@ cdef extern from *:
     #ifdef _OPENMP
     #include <omp.h>
     #define LNFAST_OPENMP 1
+    /* (an orphaned barrier: it binds to the region of the calling thread) */
+    static inline void lnf_omp_barrier(void) { _Pragma("omp barrier") }
     #else
     #define LNFAST_OPENMP 0
     static inline int omp_get_max_threads(void) { return 1; }
     static inline int omp_get_thread_num(void) { return 0; }
+    static inline int omp_get_num_threads(void) { return 1; }
+    static inline void lnf_omp_barrier(void) { }
     #endif
     """
     bint LNFAST_OPENMP
     int omp_get_max_threads() noexcept nogil
     int omp_get_thread_num() noexcept nogil
+    int omp_get_num_threads() noexcept nogil
+    void lnf_omp_barrier() noexcept nogil

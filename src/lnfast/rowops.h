@@ -417,7 +417,9 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
  * - the sums of the next row (xn != NULL), every term in LNF_T with
  *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
  *   float64 lanes fed in blocks.
- * With `stream` set, dx is written with streaming stores, as y above. */
+ * With `stream` & 1, dx is written with streaming stores, as y above,
+ * fenced at the end unless `stream` & LNF_STREAM_NOFENCE (the caller then
+ * calls lnf_stream_fence). */
 LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
                                                    const LNF_S *dz, LNF_S *dx,
                                                    const LNF_T *k, LNF_T *__restrict dw,
@@ -431,7 +433,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #if !LNF_VECTOR
     double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
 #endif
-    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
+    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && (stream & 1) && x != NULL
                    && (uintptr_t)dx % 16 == 0;
     (void)nt;   /* (unused by the plain C loops) */
     LNF_T k0 = 0, k1 = 0, k2 = 0, k3 = 0, k4 = 0;
@@ -593,7 +595,7 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
 #undef LNF_MAP1
 #undef LNF_TERMS1
 #if LNF_CAN_STREAM
-    if (nt)
+    if (nt && !(stream & LNF_STREAM_NOFENCE))
         _mm_sfence();
 #endif
     if (xn != NULL) {

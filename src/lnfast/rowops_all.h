@@ -76,6 +76,18 @@ typedef long long lnf_vi128 __attribute__((vector_size(16)));
 #define LNF_CAN_STREAM 0
 #endif
 
+/* Orders the streaming stores before what follows (another thread may read
+ * them after a barrier): for sweeps told to leave the fence to their
+ * caller (LNF_STREAM_NOFENCE), whose per-call fence would wait on every
+ * column block's stores to drain. */
+#define LNF_STREAM_NOFENCE 2
+static inline void lnf_stream_fence(void)
+{
+#if LNF_CAN_STREAM
+    _mm_sfence();
+#endif
+}
+
 /* How far ahead of its reads a sweep prefetches the row it sums, running
  * on into the row after it: the hardware prefetchers stop at each 4 KiB
  * page, which is every row for D = 1024 float32. */
