@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 
 import lnfast
+from lnfast import _cpu
 
 rng = np.random.default_rng(7)
 h = hashlib.sha256()
@@ -20,7 +21,13 @@ DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 CASES = [(dt, 300, D, None) for D in (777, 100) for dt in DTYPES]
 CASES += [(np.float32, 128, 16391, None), (np.float64, 128, 8195, None)]
 CASES += [(dt, 7, 777, dt) for dt in DTYPES]
+# long backward rows summed by column blocks (shared by the threads): one at
+# the default size, then every dtype with blocks shrunk to 64 columns
+CASES += [(np.float64, 40, 32768, None)]
+CASES += [(dt, 300, 333, "blocks of 64") for dt in DTYPES]
 for dt, M, D, wdt in CASES:
+    default = _cpu.blocked_settings(0, 64) if wdt == "blocks of 64" else None
+    wdt = None if default else wdt
     x = rng.standard_normal((M, D)).astype(dt)
     dy = rng.standard_normal(x.shape).astype(dt)
     if wdt is None:
@@ -34,4 +41,6 @@ for dt, M, D, wdt in CASES:
                *lnfast.rms_norm_backward(dy, x, lnfast.rms_norm_forward(x, w)[1], w))
     for a in outputs:
         h.update(np.ascontiguousarray(a).tobytes())
+    if default:
+        _cpu.blocked_settings(*default)
 print(h.hexdigest())
