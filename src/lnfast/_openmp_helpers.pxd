@@ -6,8 +6,13 @@ cdef extern from *:
     #ifdef _OPENMP
     #include <omp.h>
     #define LNFAST_OPENMP 1
-    /* (an orphaned barrier: it binds to the region of the calling thread) */
+    /* (an orphaned barrier: it binds to the region of the calling thread;
+       MSVC spells the pragma operator __pragma) */
+    #if defined(_MSC_VER) && !defined(__clang__)
+    static inline void lnf_omp_barrier(void) { __pragma(omp barrier) }
+    #else
     static inline void lnf_omp_barrier(void) { _Pragma("omp barrier") }
+    #endif
     #else
     #define LNFAST_OPENMP 0
     static inline int omp_get_max_threads(void) { return 1; }
