@@ -21,13 +21,13 @@ DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 CASES = [(dt, 300, D, None) for D in (777, 100) for dt in DTYPES]
 CASES += [(np.float32, 128, 16391, None), (np.float64, 128, 8195, None)]
 CASES += [(dt, 7, 777, dt) for dt in DTYPES]
+CASES = [case + (None,) for case in CASES]
 # long backward rows summed by column blocks (shared by the threads): one at
 # the default size, then every dtype with blocks shrunk to 64 columns
-CASES += [(np.float64, 40, 32768, None)]
-CASES += [(dt, 300, 333, "blocks of 64") for dt in DTYPES]
-for dt, M, D, wdt in CASES:
-    default = _cpu.blocked_settings(0, 64) if wdt == "blocks of 64" else None
-    wdt = None if default else wdt
+CASES += [(np.float64, 40, 32768, None, None)]
+CASES += [(dt, 300, 333, None, 64) for dt in DTYPES]
+for dt, M, D, wdt, blocks in CASES:
+    default = _cpu.blocked_settings(0, blocks) if blocks else None
     x = rng.standard_normal((M, D)).astype(dt)
     dy = rng.standard_normal(x.shape).astype(dt)
     if wdt is None:

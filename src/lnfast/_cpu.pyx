@@ -721,12 +721,18 @@ cdef enum:
 
 
 cdef inline void end_of_run(const Rows* a, real* g, double* dw, Py_ssize_t i,
-                            Py_ssize_t n) noexcept nogil:
+                            Py_ssize_t n, Py_ssize_t c0=0, Py_ssize_t c1=-1) noexcept nogil:
     """After the i-th of a chunk's n rows (from 0): add a full or final run
-    of float32 sums g into dw (and zero g), the first run setting dw.
-    float64 sums are in dw itself; a call's one run stays in g (round_run)."""
+    of float32 sums g into dw (and zero g), the first run setting dw, in
+    columns c0..c1-1 of dweight and dbias (c1 -1: all; backward_blocks
+    gives each thread its own).  float64 sums are in dw itself; a call's
+    one run stays in g (round_run)."""
     if real is float and not a.one_run and (i % RUN_ROWS == RUN_ROWS - 1 or i == n - 1):
-        lnf_add_run(dw, g, 2 * a.D if a.centered else a.D, i < RUN_ROWS)
+        if c1 < 0:
+            c1 = a.D
+        lnf_add_run(dw + c0, g + c0, c1 - c0, i < RUN_ROWS)
+        if a.centered:
+            lnf_add_run(dw + a.D + c0, g + a.D + c0, c1 - c0, i < RUN_ROWS)
 
 
 cdef void backward_exact(const Rows* a, const real* w, const real* mean, const real* rstd,
@@ -957,11 +963,7 @@ cdef void backward_blocks(const Rows* a, const real* w, const real* mean, const 
                 lnf_stream_fence()
         if nt > 1:
             lnf_omp_barrier()       # (the sums of row r + 1 are all in)
-        if real is float and not a.one_run and (
-                (r - r0) % RUN_ROWS == RUN_ROWS - 1 or r == r1 - 1):
-            lnf_add_run(dw + c0, g + c0, c1 - c0, r - r0 < RUN_ROWS)
-            if c:
-                lnf_add_run(dw + D + c0, g + D + c0, c1 - c0, r - r0 < RUN_ROWS)
+        end_of_run(a, g, dw, r - r0, r1 - r0, c0, c1)
 
 
 cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
