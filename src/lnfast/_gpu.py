@@ -21,7 +21,9 @@ _CTYPES = {
     HALF_DTYPES[0]: ("__half", "float"),
     HALF_DTYPES[1]: ("__nv_bfloat16", "float"),
 }
-_REDUCE = "lnf::norm_backward_reduce"
+# dtype of dweight/dbias as the reduce kernel writes them -> its instantiation
+_REDUCE = {np.dtype(np.float64): "lnf::norm_backward_reduce<double>",
+           np.dtype(np.float32): "lnf::norm_backward_reduce<float>"}
 
 _PARTIAL_BYTES = 64 << 20       # cap on the backward pass's partial rows
 
@@ -53,7 +55,7 @@ def name_expressions():
             for centered in (True, False):
                 names.append(_name("norm_forward", dtype, vec, centered))
                 names.append(_name("norm_backward_partial", dtype, vec, centered))
-    return names + [_REDUCE]
+    return names + list(_REDUCE.values())
 
 
 def source():
@@ -259,8 +261,9 @@ def _backward(dy, x, mean, rstd, weight, centered, dz):
          mean_k if mean_k is not None else np.uint64(0), rstd_k,
          _vector(weight, 1.0, D, compute), dx, part,
          np.int64(M), np.int64(D), np.int64(n[1]), np.int64(n[2])))
-    dwdb = cp.empty((2, D), np.float64)
-    _kernel(_REDUCE)(
+    # float32 dweight/dbias are rounded by the kernel; 16-bit ones cast from float64
+    dwdb = cp.empty((2, D), np.float32 if grad_dtype == np.float32 else np.float64)
+    _kernel(_REDUCE[dwdb.dtype])(
         (int(min(-(-2 * D // 256), 4096)),), (256,),
         (part, np.int64(G), np.int64(2 * D), dwdb))
     return dx, dwdb[0].astype(grad_dtype), dwdb[1].astype(grad_dtype)

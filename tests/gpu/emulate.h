@@ -29,6 +29,20 @@ inline float __half2float(__half h) { return lnf_f16_to_f32(h.x); }
 inline float __bfloat162float(__nv_bfloat16 h) { return lnf_bf16_to_f32(h.x); }
 inline __half __float2half_rn(float f) { return {lnf_f32_to_f16(f)}; }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {lnf_f32_to_bf16(f)}; }
+inline unsigned __float_as_uint(float f) { return lnf_bits(f); }
+inline float __uint_as_float(unsigned u) { return lnf_float(u); }
+inline double __longlong_as_double(long long v)
+{
+    double d;
+    memcpy(&d, &v, sizeof d);
+    return d;
+}
+inline long long __double_as_longlong(double d)
+{
+    long long v;
+    memcpy(&v, &d, sizeof v);
+    return v;
+}
 
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 // One fiber runs at a time: the scheduler sets threadIdx before resuming it.
@@ -137,11 +151,39 @@ inline double __shfl_xor_sync(unsigned, double v, int off)
     return r;
 }
 
+// CuPy compiles every kernel with -ftz=true: float32 arithmetic reads and
+// writes subnormals as zero.  Launches model it with the CPU's own modes
+// (x86-64: MXCSR's FTZ and DAZ; aarch64: FPCR.FZ), which flush float64
+// subnormals too, a range (below 2.2e-308) the kernels' float64 paths do not
+// reach; elsewhere launches run without flushing.  The fibers' contexts are
+// made inside run_grid, so they start in that mode.
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+struct lnf_emu_flush {
+    unsigned saved = _mm_getcsr();
+    lnf_emu_flush() { _mm_setcsr(saved | 0x8040u); }
+    ~lnf_emu_flush() { _mm_setcsr(saved); }
+};
+#elif defined(__aarch64__)
+struct lnf_emu_flush {
+    unsigned long saved;
+    lnf_emu_flush()
+    {
+        __asm__ volatile("mrs %0, fpcr" : "=r"(saved));
+        __asm__ volatile("msr fpcr, %0" : : "r"(saved | (1ul << 24)));
+    }
+    ~lnf_emu_flush() { __asm__ volatile("msr fpcr, %0" : : "r"(saved)); }
+};
+#else
+struct lnf_emu_flush {};
+#endif
+
 // kernel<<<grid, block>>>(args...)
 template <class... P, class... A>
 void launch(unsigned grid, unsigned block, void (*kernel)(P...), A... args)
 {
     lnf_emu::body = [=] { kernel(args...); };
+    lnf_emu_flush flush;
     lnf_emu::run_grid(grid, block);
 }
 

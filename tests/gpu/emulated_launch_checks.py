@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not cupy.__version__.endswith("emulated"),
                                 reason="checks of the CuPy emulation only")
 
 FORWARD = _gpu._name("norm_forward", np.dtype(np.float32), 1, True)
-REDUCE = _gpu._REDUCE
+REDUCE = _gpu._REDUCE[np.dtype(np.float64)]
 
 
 def reduce_args(part, dwdb, G=1, width=8):

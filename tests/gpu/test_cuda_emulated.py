@@ -26,7 +26,7 @@ def emulator(emulation, tmp_path_factory):
 
 def test_every_case_ran(emulator):
     cases = {k.rsplit(".", 1)[0] for k in emulator}
-    assert len(cases) == 10 and len(emulator) == 30
+    assert len(cases) == 14 and len(emulator) == 42
 
 
 @pytest.mark.parametrize("kind,index", [("forward", 0), ("dx", 1), ("dweight_dbias", 2)])

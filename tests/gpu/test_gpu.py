@@ -166,6 +166,36 @@ def test_float32_rows_past_float32s_range_match_the_cpu():
         assert ref.rel_error(host(g)[0], c) <= 2e-6
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_subnormal_values_are_read_and_written_as_on_the_cpu(rng, dtype):
+    # CuPy compiles with -ftz=true, so float32 arithmetic reads and writes
+    # subnormals as zero (as the emulation's launches do too); rows of
+    # values this small take the kernels' float64 paths instead.
+    import ml_dtypes
+
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
+    tol = 1.5 * 2.0**-8 if dtype == "bfloat16" else 2e-6
+    tiny = float(np.finfo(np.float32).smallest_normal)
+    x, r, dy = ((rng.standard_normal((6, 256)) * tiny / 8).astype(dt) for _ in range(3))
+    x[5] += np.float32(1.0).astype(dt)            # one row of normal values
+    assert (x[:5] != 0).any() and (np.abs(x[:5].astype(np.float32)) < tiny).all()
+    gx, gr, gdy = gpu(x, r, dy)
+    for forward, backward in ((lnfast.layer_norm_forward, lnfast.layer_norm_backward),
+                              (lnfast.rms_norm_forward, lnfast.rms_norm_backward)):
+        stats = forward(gx)                 # y, (mean,) rstd
+        cpu_stats = forward(x)
+        for got, want in zip(host(*stats), cpu_stats):
+            assert ref.rel_error(got, want) <= tol
+        for got, want in zip(host(*backward(gdy, gx, *stats[1:])),
+                             backward(dy, x, *cpu_stats[1:])):
+            assert ref.rel_error(got, want) <= 2 * tol
+    y, z, _, _ = lnfast.add_layer_norm_forward(gx, gr)
+    cpu_y, cpu_z, _, _ = lnfast.add_layer_norm_forward(x, r)
+    assert np.array_equal(host(z)[0].view(np.uint16 if dt.itemsize == 2 else np.uint32),
+                          cpu_z.view(np.uint16 if dt.itemsize == 2 else np.uint32))
+    assert ref.rel_error(host(y)[0], cpu_y) <= tol
+
+
 def test_a_float32_weight_on_16_not_32_bytes_beside_16_bit_rows(rng):
     # 16-bit rows read the float32 weight 8 at a time: in 16-byte packs,
     # which a weight at an odd multiple of 16 bytes allows.

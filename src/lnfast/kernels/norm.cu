@@ -47,6 +47,59 @@ template <typename T> __device__ __forceinline__ T from_m(typename Math<T>::type
 }
 template <> __device__ __forceinline__ double from_m<double>(double v) { return v; }
 
+// CuPy compiles with -ftz=true, whatever the options: float32 arithmetic and
+// conversions read and write subnormals as zero.  Values of float32's range
+// are met by float and bfloat16 rows only (float16's subnormals are normal
+// floats), so their rows that hold a nonzero value below 2^-102 in magnitude
+// (TINY: where a value, or a difference of two, can be subnormal) are summed
+// and mapped in float64, with these conversions, which keep subnormals
+// exactly: the results the CPU gives (docs/gpu.md).
+template <typename T> struct Flushed { static const bool value = false; };
+template <> struct Flushed<float> { static const bool value = true; };
+template <> struct Flushed<__nv_bfloat16> { static const bool value = true; };
+
+__device__ __forceinline__ bool tiny(float v)
+{
+    return (__float_as_uint(v) & 0x7fffffffu) - 1u < 0x0c7fffffu;   // 0 < |v| < 2^-102
+}
+
+// float -> double, subnormals included (an integer scaled by 2^-149).
+__device__ __forceinline__ double to_d(float v)
+{
+    const unsigned u = __float_as_uint(v);
+    if (u & 0x7f800000u)
+        return (double)v;
+    const double m = (double)(int)(u & 0x7fffffu) * 0x1p-149;
+    return u >> 31 ? -m : m;
+}
+__device__ __forceinline__ double to_d(double v) { return v; }
+__device__ __forceinline__ double to_d(__half v) { return (double)__half2float(v); }
+__device__ __forceinline__ double to_d(__nv_bfloat16 v) { return to_d(__bfloat162float(v)); }
+
+// double -> float rounded to nearest even, subnormal results included.
+__device__ __forceinline__ float to_float(double v)
+{
+    const double a = fabs(v);
+    if (!(a < 0x1p-126))                        // normal, infinite or NaN
+        return (float)v;
+    const unsigned m = (unsigned)rint(a * 0x1p149);     // exact scaling; 0x800000 is 2^-126
+    return __uint_as_float((__double_as_longlong(v) < 0 ? 0x80000000u : 0u) | m);
+}
+
+// A value of the map's type C (F, or double for the float64 paths) from an
+// element, and back to the arithmetic type F.
+template <typename C> struct Wide;
+template <> struct Wide<float> {
+    template <typename T> __device__ __forceinline__ static float in(T v) { return to_f(v); }
+};
+template <> struct Wide<double> {
+    template <typename T> __device__ __forceinline__ static double in(T v) { return to_d(v); }
+};
+template <typename F> __device__ __forceinline__ F fit(float v) { return v; }
+template <typename F> __device__ __forceinline__ F fit(double v);
+template <> __device__ __forceinline__ float fit<float>(double v) { return to_float(v); }
+template <> __device__ __forceinline__ double fit<double>(double v) { return v; }
+
 // Kernel arguments are scalars (what RawKernel passes): an input's rows come
 // as ROWS(x) = its base pointer and strides, the leading shape as n1, n2.
 // No __restrict__ here: the forward pass re-reads the z rows it writes, and
@@ -122,24 +175,32 @@ __device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
 
 // ---------------------------------------------------------------------------
 // Forward: the sums of a row's x - shift and (x - shift)^2, in float64.
-template <typename T, int VEC>
+// Unless EXACT, a TINY value of a Flushed type makes s[0] NaN, which sends
+// the row to the EXACT sums and the float64 map (as a NaN in the data does).
+template <typename T, int VEC, bool EXACT>
 __device__ __forceinline__ void row_sums(const T *src, i64 inner, double shift, i64 D,
                                          double (&s)[2])
 {
+    bool small = false;
     for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
         Pack<T, VEC> a = load<T, VEC>(src, j, inner);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            double d = (double)to_f(a.v[k]) - shift;
+            double d = (EXACT ? to_d(a.v[k]) : (double)to_f(a.v[k])) - shift;
+            if (Flushed<T>::value && !EXACT)
+                small |= tiny(to_f(a.v[k]));
             s[0] += d;
             s[1] += d * d;
         }
     }
+    if (small)
+        s[0] = __longlong_as_double(0x7ff8000000000000LL);
 }
 
 // The map of a row, y = ((x - hi) - lo) * rs * w + b (RMSNorm: x * rs * w),
 // with its terms in C: F, or float64 for the rare float32 rows whose
-// deviations or rstd leave float32's range (as the CPU's row_exact).
+// deviations or rstd leave float32's range (as the CPU's row_exact) and the
+// rows with TINY values.
 template <typename C, typename T, int VEC, bool CENTERED>
 __device__ __forceinline__ void row_map(const T *src, i64 inner,
                                         const typename Math<T>::type *__restrict__ w,
@@ -152,9 +213,9 @@ __device__ __forceinline__ void row_map(const T *src, i64 inner,
         Pack<F, VEC> wp = load<F, VEC>(w, j, 1), bp = load<F, VEC>(b, j, 1);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            C v = CENTERED ? (((C)to_f(a.v[k]) - hi) - lo) * rs * (C)wp.v[k] + (C)bp.v[k]
-                           : (C)to_f(a.v[k]) * rs * (C)wp.v[k];
-            a.v[k] = from_m<T>((F)v);
+            const C xv = Wide<C>::in(a.v[k]), wv = Wide<C>::in(wp.v[k]);
+            C v = CENTERED ? ((xv - hi) - lo) * rs * wv + Wide<C>::in(bp.v[k]) : xv * rs * wv;
+            a.v[k] = from_m<T>(fit<F>(v));
         }
         store<T, VEC>(yr, j, a);
     }
@@ -183,18 +244,28 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
             for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
                 Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), c = load<T, VEC>(rr, j, res_in);
 #pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    a.v[k] = from_m<T>((F)to_f(a.v[k]) + (F)to_f(c.v[k]));
+                for (int k = 0; k < VEC; k++) {
+                    F v = (F)to_f(a.v[k]) + (F)to_f(c.v[k]);
+                    if (Flushed<T>::value && (tiny(to_f(a.v[k])) || tiny(to_f(c.v[k]))))
+                        v = fit<F>(to_d(a.v[k]) + to_d(c.v[k]));    // exact, then rounded
+                    a.v[k] = from_m<T>(v);
+                }
                 store<T, VEC>(zr, j, a);
             }
             __syncthreads();            // z complete before any thread reads it
             src = zr;
             inner = 1;
         }
-        double shift = CENTERED ? (double)to_f(src[0]) : 0.0;
+        double shift = CENTERED ? to_d(src[0]) : 0.0;
         double s[2] = {0.0, 0.0};
-        row_sums<T, VEC>(src, inner, shift, D, s);
+        row_sums<T, VEC, false>(src, inner, shift, D, s);
         block_sum<2>(s, smem);
+        const bool exact = Flushed<T>::value && s[0] != s[0];   // TINY values (or NaN)
+        if (exact) {
+            s[0] = s[1] = 0.0;
+            row_sums<T, VEC, true>(src, inner, shift, D, s);
+            block_sum<2>(s, smem);
+        }
         double m = CENTERED ? s[0] / D : 0.0;
         // float64 rows: squares of x - shift are rounded, and the
         // cancellation below magnifies that by 1 + m^2 / var; sum again
@@ -203,7 +274,7 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
         if (sizeof(T) == 8 && CENTERED && m * m > 4.0 * (s[1] / D - m * m)) {
             shift += m;
             s[0] = s[1] = 0.0;
-            row_sums<T, VEC>(src, inner, shift, D, s);
+            row_sums<T, VEC, true>(src, inner, shift, D, s);
             block_sum<2>(s, smem);
             m = s[0] / D;
         }
@@ -212,15 +283,15 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
         const double mean = shift + m, t = mean - shift;
         const double err = (shift - (mean - t)) + (m - t);  // mean + err == shift + m
         const double rstd = 1.0 / sqrt(var + eps);
-        const F hi = (F)mean, lo = (F)((mean - (double)hi) + err), rs = (F)rstd;
+        const F hi = fit<F>(mean), lo = fit<F>((mean - to_d(hi)) + err), rs = fit<F>(rstd);
         T *yr = y + r * D;
-        if (sizeof(F) == 4 && !(D * var < 1e72 && rstd > 1e-30 && rstd < 1e30))
+        if (sizeof(F) == 4 && (exact || !(D * var < 1e72 && rstd > 1e-30 && rstd < 1e30)))
             row_map<double, T, VEC, CENTERED>(src, inner, w, b, yr, mean, err, rstd, D);
         else
             row_map<F, T, VEC, CENTERED>(src, inner, w, b, yr, hi, lo, rs, D);
         if (threadIdx.x == 0) {
             if (mean_out != nullptr)
-                mean_out[r] = (S)(CENTERED ? (double)hi : 0.0);
+                mean_out[r] = CENTERED ? (S)hi : (S)0;
             if (rstd_out != nullptr)
                 rstd_out[r] = (S)rs;
         }
@@ -231,24 +302,30 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
 // ---------------------------------------------------------------------------
 // Backward: a row's sums of d = x - m, g = dy * w and g d, with the terms
 // formed in C (F, or float64 for the rare float32 rows whose terms overflow
-// float32, as the CPU's backward_exact) and summed in float64.
+// float32, as the CPU's backward_exact, and the rows with TINY x or dy) and
+// summed in float64.  In F, a TINY value of a Flushed type makes s[0] NaN.
 template <typename C, typename T, int VEC>
 __device__ __forceinline__ void grad_sums(const T *xr, i64 x_in, const T *dyr, i64 dy_in,
                                           const typename Math<T>::type *__restrict__ w, C m,
                                           i64 D, double (&s)[3])
 {
     typedef typename Math<T>::type F;
+    bool small = false;
     for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
         Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
         Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            C d = (C)to_f(a.v[k]) - m, gk = (C)to_f(g.v[k]) * (C)wp.v[k];
+            C d = Wide<C>::in(a.v[k]) - m, gk = Wide<C>::in(g.v[k]) * Wide<C>::in(wp.v[k]);
+            if (Flushed<T>::value && sizeof(C) == 4)
+                small |= tiny(to_f(a.v[k])) | tiny(to_f(g.v[k]));
             s[0] += (double)d;
             s[1] += (double)gk;
             s[2] += (double)gk * (double)d;
         }
     }
+    if (small)
+        s[0] = __longlong_as_double(0x7ff8000000000000LL);
 }
 
 // The map of a row: dx (plus dz) from its sums s, in C as grad_sums, and
@@ -272,12 +349,15 @@ __device__ __forceinline__ void grad_map(const T *xr, i64 x_in, const T *dyr, i6
             zp = load<T, VEC>(dzr, j, dz_in);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            C xh = (((C)to_f(a.v[k]) - m) - cr) * rs;
-            C gy = (C)to_f(g.v[k]);
-            C v = rs * ((gy * (C)wp.v[k] - mg) - xh * mgx);
-            if (dzr != nullptr)   // the gradient reaching z flows on unchanged
-                v += (C)to_f(zp.v[k]);
-            out.v[k] = from_m<T>((F)v);
+            C xh = ((Wide<C>::in(a.v[k]) - m) - cr) * rs;
+            C gy = Wide<C>::in(g.v[k]);
+            C v = rs * ((gy * Wide<C>::in(wp.v[k]) - mg) - xh * mgx);
+            // the gradient reaching z flows on unchanged (added exactly where
+            // float32 would flush a TINY dz)
+            if (Flushed<T>::value && sizeof(C) == 4 && dzr != nullptr && tiny(to_f(zp.v[k])))
+                out.v[k] = from_m<T>(fit<F>((double)v + to_d(zp.v[k])));
+            else
+                out.v[k] = from_m<T>(fit<F>(dzr != nullptr ? v + Wide<C>::in(zp.v[k]) : v));
             pw[j + k] += (double)gy * (double)xh;
             if (CENTERED)
                 pb[j + k] += (double)gy;
@@ -308,13 +388,16 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
             pw[j + k] = pb[j + k] = 0;
     for (i64 r = r0; r < r1; r++) {
         const T *xr = ROW(x, r), *dyr = ROW(dy, r);
-        const double m = CENTERED ? (double)mean[r] : 0.0, rs = (double)rstd[r];
+        const double m = CENTERED ? to_d(mean[r]) : 0.0, rs = to_d(rstd[r]);
         double s[3] = {0.0, 0.0, 0.0};      // sum(x - m), sum(g), sum(g (x - m))
-        grad_sums<F, T, VEC>(xr, x_in, dyr, dy_in, w, (F)m, D, s);
+        grad_sums<F, T, VEC>(xr, x_in, dyr, dy_in, w, fit<F>(m), D, s);
         block_sum<3>(s, smem);
         T *dxr = dx + r * D;
         const T *dzr = dz != nullptr ? ROW(dz, r) : nullptr;
-        if (sizeof(F) == 4 && !(-1e300 < s[0] + s[1] + s[2] && s[0] + s[1] + s[2] < 1e300)) {
+        // float64 where the sums overflowed or met TINY values, or where rstd
+        // is below float32's normal range
+        if (sizeof(F) == 4 && !(-1e300 < s[0] + s[1] + s[2] && s[0] + s[1] + s[2] < 1e300
+                                && !(rs < 0x1p-126))) {
             s[0] = s[1] = s[2] = 0.0;       // (the same for every thread of the block)
             grad_sums<double, T, VEC>(xr, x_in, dyr, dy_in, w, m, D, s);
             block_sum<3>(s, smem);
@@ -322,22 +405,25 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
                                                m, rs, s, D);
         } else {
             grad_map<F, T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb,
-                                          (F)m, (F)rs, s, D);
+                                          fit<F>(m), fit<F>(rs), s, D);
         }
     }
 }
 
 // Backward, step 2: out[j] = sum over blocks b = 0, 1, ... of part[b][j], in
-// that order, for the 2 D columns (dweight then dbias), in float64.
+// that order, for the 2 D columns (dweight then dbias), in float64, stored as
+// O: float64, or float32 rounded here, subnormals kept (a CuPy cast would
+// flush them).
+template <typename O>
 __global__ void norm_backward_reduce(const double *__restrict__ part, i64 G, i64 width,
-                                     double *__restrict__ out)
+                                     O *__restrict__ out)
 {
     for (i64 j = blockIdx.x * (i64)blockDim.x + threadIdx.x; j < width;
          j += (i64)gridDim.x * blockDim.x) {
         double s = 0.0;
         for (i64 b = 0; b < G; b++)
             s += part[b * width + j];
-        out[j] = s;
+        out[j] = fit<O>(s);
     }
 }
 
