@@ -86,6 +86,13 @@ __device__ __forceinline__ float to_float(double v)
     return __uint_as_float((__double_as_longlong(v) < 0 ? 0x80000000u : 0u) | m);
 }
 
+// The mark a row sum gets when its row holds TINY values: a quiet NaN, which
+// sends the row to the float64 path as a NaN in the data does.
+__device__ __forceinline__ double tiny_mark()
+{
+    return __longlong_as_double(0x7ff8000000000000LL);
+}
+
 // A value of the map's type C (F, or double for the float64 paths) from an
 // element, and back to the arithmetic type F.
 template <typename C> struct Wide;
@@ -175,8 +182,8 @@ __device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
 
 // ---------------------------------------------------------------------------
 // Forward: the sums of a row's x - shift and (x - shift)^2, in float64.
-// Unless EXACT, a TINY value of a Flushed type makes s[0] NaN, which sends
-// the row to the EXACT sums and the float64 map (as a NaN in the data does).
+// Unless EXACT, a TINY value of a Flushed type sets s[0] to tiny_mark(), which
+// sends the row to the EXACT sums and the float64 map.
 template <typename T, int VEC, bool EXACT>
 __device__ __forceinline__ void row_sums(const T *src, i64 inner, double shift, i64 D,
                                          double (&s)[2])
@@ -194,7 +201,7 @@ __device__ __forceinline__ void row_sums(const T *src, i64 inner, double shift, 
         }
     }
     if (small)
-        s[0] = __longlong_as_double(0x7ff8000000000000LL);
+        s[0] = tiny_mark();
 }
 
 // The map of a row, y = ((x - hi) - lo) * rs * w + b (RMSNorm: x * rs * w),
@@ -303,7 +310,7 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
 // Backward: a row's sums of d = x - m, g = dy * w and g d, with the terms
 // formed in C (F, or float64 for the rare float32 rows whose terms overflow
 // float32, as the CPU's backward_exact, and the rows with TINY x or dy) and
-// summed in float64.  In F, a TINY value of a Flushed type makes s[0] NaN.
+// summed in float64.  In F, a TINY value of a Flushed type sets s[0] to tiny_mark().
 template <typename C, typename T, int VEC>
 __device__ __forceinline__ void grad_sums(const T *xr, i64 x_in, const T *dyr, i64 dy_in,
                                           const typename Math<T>::type *__restrict__ w, C m,
@@ -325,7 +332,7 @@ __device__ __forceinline__ void grad_sums(const T *xr, i64 x_in, const T *dyr, i
         }
     }
     if (small)
-        s[0] = __longlong_as_double(0x7ff8000000000000LL);
+        s[0] = tiny_mark();
 }
 
 // The map of a row: dx (plus dz) from its sums s, in C as grad_sums, and
