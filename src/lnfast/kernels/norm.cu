@@ -93,6 +93,19 @@ __device__ __forceinline__ double tiny_mark()
     return __longlong_as_double(0x7ff8000000000000LL);
 }
 
+// a + b, for the residual and dz: exactly in float64 and rounded once where
+// float32 would flush an operand (TINY, in a row of a Flushed type).
+template <typename T> __device__ __forceinline__ float add_kept(float a, float b)
+{
+    if (Flushed<T>::value && (tiny(a) || tiny(b)))
+        return to_float(to_d(a) + to_d(b));
+    return a + b;
+}
+template <typename T> __device__ __forceinline__ double add_kept(double a, double b)
+{
+    return a + b;
+}
+
 // A value of the map's type C (F, or double for the float64 paths) from an
 // element, and back to the arithmetic type F.
 template <typename C> struct Wide;
@@ -251,12 +264,8 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
             for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
                 Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), c = load<T, VEC>(rr, j, res_in);
 #pragma unroll
-                for (int k = 0; k < VEC; k++) {
-                    F v = (F)to_f(a.v[k]) + (F)to_f(c.v[k]);
-                    if (Flushed<T>::value && (tiny(to_f(a.v[k])) || tiny(to_f(c.v[k]))))
-                        v = fit<F>(to_d(a.v[k]) + to_d(c.v[k]));    // exact, then rounded
-                    a.v[k] = from_m<T>(v);
-                }
+                for (int k = 0; k < VEC; k++)
+                    a.v[k] = from_m<T>(add_kept<T>((F)to_f(a.v[k]), (F)to_f(c.v[k])));
                 store<T, VEC>(zr, j, a);
             }
             __syncthreads();            // z complete before any thread reads it
@@ -359,12 +368,9 @@ __device__ __forceinline__ void grad_map(const T *xr, i64 x_in, const T *dyr, i6
             C xh = ((Wide<C>::in(a.v[k]) - m) - cr) * rs;
             C gy = Wide<C>::in(g.v[k]);
             C v = rs * ((gy * Wide<C>::in(wp.v[k]) - mg) - xh * mgx);
-            // the gradient reaching z flows on unchanged (added exactly where
-            // float32 would flush a TINY dz)
-            if (Flushed<T>::value && sizeof(C) == 4 && dzr != nullptr && tiny(to_f(zp.v[k])))
-                out.v[k] = from_m<T>(fit<F>((double)v + to_d(zp.v[k])));
-            else
-                out.v[k] = from_m<T>(fit<F>(dzr != nullptr ? v + Wide<C>::in(zp.v[k]) : v));
+            if (dzr != nullptr)   // the gradient reaching z flows on unchanged
+                v = add_kept<T>(v, Wide<C>::in(zp.v[k]));
+            out.v[k] = from_m<T>(fit<F>(v));
             pw[j + k] += (double)gy * (double)xh;
             if (CENTERED)
                 pb[j + k] += (double)gy;
