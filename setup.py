@@ -6,9 +6,22 @@ Environment switches:
       serially with a warning; 0: never; required: fail without OpenMP.
   LNFAST_NATIVE = 1
       opt in to -march=native (LNFAST_NATIVE only: wheels must run on any CPU).
+  LNFAST_SANITIZE = address,undefined (or any -fsanitize= list; gcc and clang)
+      a debugging build: -fsanitize=LIST -fno-sanitize-recover=all
+      -fno-omit-frame-pointer -g on the compile, -fsanitize=LIST on the link,
+      of both the extension and the OpenMP probe, so OpenMP stays on. Python
+      itself is not sanitized: run it with the sanitizer's runtime preloaded,
+      e.g. LD_PRELOAD=$(gcc -print-file-name=libasan.so) (see .ci/run).
+
+The OpenMP probe links its test program with CFLAGS, CPPFLAGS and LDFLAGS from
+the environment, as the extension itself is linked (distutils links
+executables without them), so flags such as CFLAGS=-fsanitize=... that need
+the same flag on the link do not turn OpenMP off.
 """
 import glob
 import os
+import re
+import shlex
 import sys
 import tempfile
 import textwrap
@@ -42,8 +55,33 @@ def openmp_flags(compiler_type):
     return ["-fopenmp"], ["-fopenmp"]
 
 
+def sanitize_flags(compiler_type):
+    """(compile_args, link_args) for LNFAST_SANITIZE; ([], []) when unset."""
+    value = os.environ.get("LNFAST_SANITIZE", "").strip().lower()
+    if value in ("", "0"):
+        return [], []
+    names = [n.strip() for n in value.split(",")]
+    if not all(re.fullmatch(r"[a-z][a-z0-9-]*", n) for n in names):
+        raise SystemExit(f"LNFAST_SANITIZE must be a list like address,undefined, got {value!r}")
+    if compiler_type == "msvc":
+        raise SystemExit("LNFAST_SANITIZE needs gcc or clang")
+    flag = "-fsanitize=" + ",".join(names)
+    # -fno-sanitize-recover=all: an UndefinedBehaviorSanitizer report aborts
+    # the process (it only prints and goes on by default), so tests fail.
+    return [flag, "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"], [flag]
+
+
+def environment_link_flags(compiler_type):
+    """The environment's flags that distutils adds to the extension's link
+    (CFLAGS, CPPFLAGS, LDFLAGS) but not to link_executable's."""
+    if compiler_type == "msvc":
+        return []
+    return [a for v in ("LDFLAGS", "CFLAGS", "CPPFLAGS") for a in shlex.split(os.environ.get(v, ""))]
+
+
 def probe_openmp(compiler, cflags, ldflags):
     """True when a small OpenMP program compiles and links with `compiler`."""
+    ldflags = environment_link_flags(compiler.compiler_type) + ldflags
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "probe_openmp.c")
         with open(src, "w") as f:
@@ -65,12 +103,17 @@ class BuildExt(build_ext):
             raise SystemExit(f"LNFAST_OPENMP must be auto, 0 or required, got {mode!r}")
         ctype = self.compiler.compiler_type
         cflags, ldflags = openmp_flags(ctype)
-        use_omp = mode != "0" and probe_openmp(self.compiler, cflags, ldflags)
+        san_cflags, san_ldflags = sanitize_flags(ctype)
+        use_omp = mode != "0" and probe_openmp(
+            self.compiler, san_cflags + cflags, san_ldflags + ldflags
+        )
         if mode == "required" and not use_omp:
             raise SystemExit("LNFAST_OPENMP=required but no working OpenMP was found")
         if mode == "auto" and not use_omp:
             warnings.warn("lnfast: OpenMP not found, building serial kernels")
         print(f"lnfast: OpenMP {'on' if use_omp else 'off'} (LNFAST_OPENMP={mode})")
+        if san_cflags:
+            print(f"lnfast: sanitized build ({san_ldflags[0]})")
 
         if ctype == "msvc":
             opt = ["/O2", "/fp:precise"]
@@ -81,8 +124,8 @@ class BuildExt(build_ext):
             if os.environ.get("LNFAST_NATIVE", "0") == "1":
                 opt.append("-march=native")  # opt-in via LNFAST_NATIVE=1 only
         for ext in self.extensions:
-            ext.extra_compile_args = opt + (cflags if use_omp else [])
-            ext.extra_link_args = ldflags if use_omp else []
+            ext.extra_compile_args = opt + san_cflags + (cflags if use_omp else [])
+            ext.extra_link_args = san_ldflags + (ldflags if use_omp else [])
         super().build_extensions()
 
 
