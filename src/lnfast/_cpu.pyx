@@ -17,6 +17,7 @@ from cython.parallel cimport parallel, prange
 from libc.float cimport DBL_MAX
 from libc.math cimport fabs, frexp, ldexp, sqrt
 from libc.stdint cimport uint16_t, uintptr_t
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
@@ -282,7 +283,105 @@ cdef extern from "rowops_all.h" nogil:   # (includes halfconv.h)
 cdef enum:     # per-thread scratch, in rows of D elements
     FORWARD_SCRATCH = 4                     # rows: x, residual, z, y
     BACKWARD_SCRATCH = 4                    # rows: x, dy, dx, dz
-    PARAM_ROWS = 2                          # then 16-bit weight, bias widened
+    PARAM_ROWS = 2                          # 16-bit weight, bias widened
+
+
+cdef struct Scratch:
+    # One thread's scratch.  Rows that are strided or of mixed dtypes are
+    # gathered into `rows`, allocated for every thread before the call.
+    # Direct rows need rows only for their rare rows redone in float64
+    # (16-bit data) and float64 dweight/dbias terms only for the rare rows
+    # of float32 arithmetic: both are allocated when a row first needs
+    # them, so that a long row costs no scratch of its length up front.
+    void* rows                  # gathered rows, or rows for the rare rows
+    void* params                # 16-bit weight and bias, widened
+    double* grads               # float64 dweight/dbias terms of rare rows (2 D)
+    bint owned                  # rows allocated on first use (freed after)
+    bint failed                 # an allocation failed: MemoryError after
+
+
+cdef void* rare_rows(Scratch* sc, Py_ssize_t nbytes) noexcept nogil:
+    """sc.rows, allocated on first use (nbytes) where the call did not
+    allocate it; NULL (and sc.failed) when that fails."""
+    if sc.rows == NULL and not sc.failed:
+        sc.rows = malloc(nbytes)
+        sc.owned = True
+        sc.failed = sc.rows == NULL
+    return sc.rows
+
+
+cdef double* rare_grads(Scratch* sc, Py_ssize_t D) noexcept nogil:
+    """sc.grads (2 D zeros at first), allocated on first use; NULL (and
+    sc.failed) when that fails."""
+    if sc.grads == NULL and not sc.failed:
+        sc.grads = <double*>calloc(2 * D, sizeof(double))
+        sc.failed = sc.grads == NULL
+    return sc.grads
+
+
+cdef inline void fold_grads(Scratch* sc, double* dw, Py_ssize_t D, Py_ssize_t c0,
+                            Py_ssize_t c1, bint centered) noexcept nogil:
+    """Add the float64 terms of a chunk's rare rows (sc.grads, columns
+    c0..c1-1 of dweight and dbias) into its partial rows dw, after its last
+    run, and zero them."""
+    cdef Py_ssize_t j
+    if sc.grads == NULL:
+        return
+    for j in range(c0, c1):
+        dw[j] += sc.grads[j]
+        sc.grads[j] = 0.0
+        if centered:
+            dw[D + j] += sc.grads[D + j]
+            sc.grads[D + j] = 0.0
+
+
+cdef class Scratches:
+    """Each thread's Scratch for one call; frees what the rows allocated and
+    raises MemoryError where an allocation failed (finish)."""
+    cdef Scratch* sc
+    cdef int n
+    cdef object up_front        # the rows and params allocated before the call
+
+    def __cinit__(self, int n):
+        self.sc = <Scratch*>calloc(n, sizeof(Scratch))
+        self.n = n
+        if self.sc == NULL:
+            raise MemoryError()
+
+    cdef void set(self, void* base, Py_ssize_t stride, Py_ssize_t rows_bytes,
+                  bint gathered, object up_front):
+        """Thread t's rows (gathered) and params from base + t stride bytes."""
+        cdef int t
+        self.up_front = up_front
+        if base == NULL:
+            return
+        for t in range(self.n):
+            if gathered:
+                self.sc[t].rows = <char*>base + t * stride
+            self.sc[t].params = <char*>base + t * stride + rows_bytes
+
+    cdef int finish(self) except -1:
+        cdef int t
+        cdef bint failed = False
+        for t in range(self.n):
+            failed = failed or self.sc[t].failed
+            if self.sc[t].owned:
+                free(self.sc[t].rows)
+                self.sc[t].rows = NULL
+                self.sc[t].owned = False
+            free(self.sc[t].grads)
+            self.sc[t].grads = NULL
+        if failed:
+            raise MemoryError("lnfast: no memory for the scratch of rows redone in float64")
+        return 0
+
+    def __dealloc__(self):
+        if self.sc != NULL:
+            for t in range(self.n):
+                if self.sc[t].owned:
+                    free(self.sc[t].rows)
+                free(self.sc[t].grads)
+            free(self.sc)
 
 
 cdef inline const real* load_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
@@ -384,6 +483,15 @@ cdef inline void row_grad_pipe(int storage, crow x, crow dy, crow dz, void* dx,
                                <const uint16_t*>dyf, stream)
 
 
+# grad_row_exact: rows whose terms g * (x - mean) average below these are
+# redone in float64 (backward_exact).  Below 2**-126 (float32) or 2**-1022
+# (float64) a deviation or a term is subnormal and keeps fewer digits than
+# its type; the margin covers |g| up to 2**26 or 2**62.  Random rows never
+# come near them.
+cdef double TINY_TERMS_F32 = 2.0 ** -100
+cdef double TINY_TERMS_F64 = 2.0 ** -960
+
+
 cdef enum:
     # A row is summed again about its mean when its shift (the first value)
     # lies more than sqrt(RESHIFT) standard deviations from the mean: each
@@ -453,14 +561,14 @@ cdef inline bint row_stats(const double* s, Py_ssize_t D, double eps, bint cente
 
 
 cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
-                           Py_ssize_t D, double eps, bint centered,
-                           real* k) noexcept nogil:
+                           Py_ssize_t D, double eps, bint centered, real* k,
+                           Py_ssize_t wp, Py_ssize_t bp) noexcept nogil:
     """A row past row_stats' limits, every term in float64: the deviations
     d = x - x[0] (RMSNorm: x) scaled by the power of two sc that brings the
     largest near 1 (or as near as float64 allows), so that no square
     overflows or underflows, and two passes (the mean of d, then the sums
     about it).  Any finite row at the cost of four reads.  k = {mean, 0,
-    rstd} as stored."""
+    rstd} as stored.  wp, bp: the lengths of w and b (stand-ins repeat)."""
     cdef double pre = 1.0       # 1/2 where x - x[0] could overflow: x / 2 is exact there
     cdef Py_ssize_t j
     for j in range(D):
@@ -499,36 +607,28 @@ cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
         rs = rstd / sc
         rstd *= pre
     for i in range(D):
-        d = ((<double>x[i] * pre - shift) * sc - m) * rs * w[i]
-        y[i] = <real>(d + b[i] if centered else d)
+        d = ((<double>x[i] * pre - shift) * sc - m) * rs * w[i % wp]
+        y[i] = <real>(d + b[i % bp] if centered else d)
     k[0] = <real>((shift + m / sc) / pre)
     k[1] = 0
     k[2] = <real>rstd
 
 
-cdef inline bint sums_finite(const double* s) noexcept nogil:
-    return -1e300 < s[0] + s[1] + s[2] < 1e300
 
 
-cdef inline void row_grad_sums_exact(const real* x, const real* dy, const real* w,
-                                     Py_ssize_t D, real mean, double* s) noexcept nogil:
-    """The backward row sums with float64 terms (backward_exact)."""
-    cdef double d, g
-    cdef Py_ssize_t i
-    s[0] = s[1] = s[2] = 0.0
-    for i in range(D):
-        d = <double>x[i] - mean
-        g = <double>dy[i] * w[i]
-        s[0] += d
-        s[1] += g
-        s[2] += g * d
-
-
-cdef inline void row_grad_scalars(const double* s, Py_ssize_t D, bint centered,
+cdef inline bint row_grad_scalars(const double* s, Py_ssize_t D, bint centered,
                                   real mean, real rstd, real* k) noexcept nogil:
     """The per-row scalars of the backward map from the row's sums s =
     {sum(x - mean), sum(g), sum(g * (x - mean))}, g = dy * w:
-    k = {mean, c, rstd, mean(g), mean(g * xhat)}.
+    k = {mean, c, rstd, mean(g), mean(g * xhat)}; False for the rare rows
+    that backward_exact must redo: float32 rows whose sums came out infinite
+    or NaN, and rows whose terms g * (x - mean) are tiny on average
+    (TINY_TERMS_F32/F64), where deviations or dweight terms may be rounded
+    to subnormals (a row of values near 1e-40 had float32 dweight off by
+    1e-4 relative).  Rows where g sums to zero too (dy zero: padding) lose
+    nothing there and are not redone; rows whose deviations are all zero
+    (constant rows) are redone unless dy is zero, since a row of a few
+    subnormal values can sum to exactly zero as well.
 
     LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
     RMSNorm (centered=False, mean = 0): dx = rstd * (g - xhat * mean(g * xhat)).
@@ -542,6 +642,10 @@ cdef inline void row_grad_scalars(const double* s, Py_ssize_t D, bint centered,
     k[2] = rstd
     k[3] = <real>(s[1] / D) if centered else 0                 # mean(g)
     k[4] = <real>(rstd * (s[2] - c * s[1]) / D)               # mean(g * xhat)
+    cdef double tiny = TINY_TERMS_F32 if real is float else TINY_TERMS_F64
+    if real is float and not (-1e300 < s[0] + s[1] + s[2] < 1e300):
+        return False
+    return not (fabs(s[2]) < D * tiny and (s[2] != 0.0 or s[1] != 0.0))
 
 
 # ---------------------------------------------------------------------------
@@ -559,6 +663,7 @@ cdef struct Rows:
     bint blocked                # backward: rows summed by column blocks of
     Py_ssize_t col_block        # col_block columns (backward_blocks)
     RowMap w, b                 # weight and bias; 16-bit ones are widened per thread
+    Py_ssize_t wp, bp           # forward: their lengths, D or PERIOD (stand-ins)
     Py_ssize_t M, D
     Py_ssize_t scratch_stride   # floats or doubles of scratch per thread
     double eps
@@ -576,34 +681,59 @@ cdef inline crow row_or_null(const RowMap* m, Py_ssize_t r, Py_ssize_t end,
 
 
 cdef void forward_exact(const Rows* a, const real* w, const real* b, Py_ssize_t r,
-                        real* k, real* buf) noexcept nogil:
-    """Row r by row_exact, gathered into `buf` (2 rows) where not direct."""
+                        real* k, Scratch* sc) noexcept nogil:
+    """Row r by row_exact, gathered into the thread's rows (2) where not
+    contiguous in the compute type."""
+    cdef real* buf = <real*>sc.rows
+    if a.direct and a.x.storage != NATIVE:
+        buf = <real*>rare_rows(sc, 2 * a.D * sizeof(real))
+        if buf == NULL:
+            k[0] = k[1] = k[2] = 0
+            return
     cdef const real* xr = load_row(&a.z if a.has_res else &a.x, r, a.D, buf)
     cdef real* yr = out_row(&a.y, r, buf + a.D)
-    row_exact(xr, yr, w, b, a.D, a.eps, a.centered, k)
+    row_exact(xr, yr, w, b, a.D, a.eps, a.centered, k, a.wp, a.bp)
     if yr == buf + a.D:
         store_row(&a.y, r, a.D, yr)
 
 
+cdef inline void map_row(const Rows* a, int st, crow x, void* y, const real* w,
+                         const real* b, const real* k) noexcept nogil:
+    """y = the normalized row x (k: hi, lo, rstd), in pieces of PERIOD
+    columns where the weight or bias is a stand-in of that length (the map
+    is elementwise: the same bits as in one piece)."""
+    cdef Py_ssize_t j = 0, n, isz = sizeof(real) if st == NATIVE else 2
+    cdef Py_ssize_t piece = min(a.wp, a.bp)
+    cdef double s[3]
+    while j < a.D:
+        n = min(piece, a.D - j)
+        row_pipe(st, <const char*>x + j * isz, <char*>y + j * isz,
+                 w + (j if a.wp == a.D else 0),
+                 (b + (j if a.bp == a.D else 0)) if a.centered else NULL,
+                 k[0], k[1], k[2], NULL, NULL, NULL, s, n, a.centered, NULL, NULL, a.stream)
+        j += n
+
+
 cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_out,
                         real* rstd_out, Py_ssize_t r0, Py_ssize_t r1,
-                        real* buf) noexcept nogil:
+                        Scratch* sc) noexcept nogil:
     """Rows r0..r1-1 of direct arrays, software-pipelined: one sweep
     normalizes row r and sums row r + 1 (forming z = x + residual of row
-    r + 1), so reading the next row overlaps writing this one.  buf: 2 rows
-    of scratch for the rare rows of 16-bit data."""
+    r + 1), so reading the next row overlaps writing this one; the rare
+    rows go to forward_exact."""
     cdef Py_ssize_t r, D = a.D
     cdef int st = a.x.storage
     cdef double s[3]
     cdef double sn[3]
     cdef real k[3]
-    cdef bint res = a.has_res
+    cdef bint res = a.has_res, ok
     sn[0] = sn[1] = sn[2] = 0.0     # (the last row has no next row to sum)
     row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r0), row_or_null(&a.res, r0, r1, res),
              <void*>row_or_null(&a.z, r0, r1, res), s, D, a.centered)
     for r in range(r0, r1):
         resum_far_shift(st, row_ptr(&a.z if res else &a.x, r), w, s, D, a.centered)
-        if row_stats(s, D, a.eps, a.centered, k):
+        ok = row_stats(s, D, a.eps, a.centered, k)
+        if ok and a.wp == D and a.bp == D:
             row_pipe(st, row_ptr(&a.z if res else &a.x, r), row_ptr(&a.y, r), w,
                      b if a.centered else NULL, k[0], k[1], k[2],
                      row_or_null(&a.x, r + 1, r1), row_or_null(&a.res, r + 1, r1, res),
@@ -611,7 +741,10 @@ cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_
                      row_or_null(&a.x, r + 2, r1), row_or_null(&a.res, r + 2, r1, res),
                      a.stream)
         else:
-            forward_exact(a, w, b, r, k, buf)
+            if ok:      # (a stand-in weight or bias: by pieces)
+                map_row(a, st, row_ptr(&a.z if res else &a.x, r), row_ptr(&a.y, r), w, b, k)
+            else:
+                forward_exact(a, w, b, r, k, sc)
             if r + 1 < r1:
                 row_pipe(st, NULL, NULL, w, b, 0, 0, 0, row_ptr(&a.x, r + 1),
                          row_or_null(&a.res, r + 1, r1, res), <void*>row_or_null(&a.z, r + 1, r1, res),
@@ -624,11 +757,12 @@ cdef void forward_block(const Rows* a, const real* w, const real* b, real* mean_
 
 
 cdef void forward_row(const Rows* a, const real* w, const real* b, real* mean_out,
-                      real* rstd_out, Py_ssize_t r, real* buf) noexcept nogil:
+                      real* rstd_out, Py_ssize_t r, Scratch* sc) noexcept nogil:
     """Row r of arrays with some rows strided or of another dtype: rows are
-    gathered into `buf` (4 rows) in the compute type and stored back.  The
-    same arithmetic as forward_block, one pass after another."""
+    gathered into the thread's rows (4) in the compute type and stored
+    back.  The same arithmetic as forward_block, one pass after another."""
     cdef Py_ssize_t D = a.D
+    cdef real* buf = <real*>sc.rows
     cdef double s[3]
     cdef real k[3]
     cdef const real* xr = load_row(&a.x, r, D, buf)
@@ -649,10 +783,9 @@ cdef void forward_row(const Rows* a, const real* w, const real* b, real* mean_ou
     yr = out_row(&a.y, r, buf + 3 * D)
     resum_far_shift(NATIVE, xr, w, s, D, a.centered)
     if row_stats(s, D, a.eps, a.centered, k):
-        row_pipe(NATIVE, xr, yr, w, b if a.centered else NULL, k[0], k[1], k[2],
-                 NULL, NULL, NULL, s, D, a.centered)
+        map_row(a, NATIVE, xr, yr, w, b, k)
     else:
-        row_exact(xr, yr, w, b, D, a.eps, a.centered, k)
+        row_exact(xr, yr, w, b, D, a.eps, a.centered, k, a.wp, a.bp)
     if mean_out != NULL:
         mean_out[r] = k[0]
     if rstd_out != NULL:
@@ -663,50 +796,51 @@ cdef void forward_row(const Rows* a, const real* w, const real* b, real* mean_ou
 
 cdef inline void forward_range(const Rows* a, const real* w, const real* b,
                                real* mean_out, real* rstd_out, Py_ssize_t r0, Py_ssize_t r1,
-                               real* buf) noexcept nogil:
+                               Scratch* sc) noexcept nogil:
     """Rows r0..r1-1: pipelined for direct arrays, else row by row."""
     cdef Py_ssize_t r
     if a.direct:
         if r0 < r1:
-            forward_block(a, w, b, mean_out, rstd_out, r0, r1, buf)
+            forward_block(a, w, b, mean_out, rstd_out, r0, r1, sc)
     else:
         for r in range(r0, r1):
-            forward_row(a, w, b, mean_out, rstd_out, r, buf)
+            forward_row(a, w, b, mean_out, rstd_out, r, sc)
 
 
-cdef inline const real* param(const RowMap* m, const real* p, real* buf, Py_ssize_t row,
+cdef inline const real* param(const RowMap* m, const real* p, Scratch* sc, Py_ssize_t row,
                               Py_ssize_t D) noexcept nogil:
     """The weight or bias p (described by m) as the calling thread reads it:
-    p itself, or a 16-bit p widened into row `row` of its scratch `buf`.  Each
+    p itself, or a 16-bit p widened into row `row` of its sc.params.  Each
     thread widens its own copy: a vector widened by one core and read by
     the other comes over line by line (8x8192 bfloat16 forward: 1.2x,
     docs/performance.md)."""
     if real is float and m.storage != NATIVE:
-        return load_row(m, 0, D, buf + row * D)
+        return load_row(m, 0, D, <real*>sc.params + row * D)
     return p
 
 
 cdef void forward_rows(const Rows* a, const real* w, const real* b,
-                       real* mean_out, real* rstd_out, real* scratch) noexcept:
+                       real* mean_out, real* rstd_out, Scratch* sc) noexcept:
     """Each thread takes one contiguous block of rows (rows are independent:
     the split changes no result).  One thread: no OpenMP region at all (a
-    region costs a small call about 0.4 us, even on one thread)."""
+    region costs a small call about 0.4 us, even on one thread).  sc: each
+    thread's scratch."""
     cdef Py_ssize_t t, M = a.M, nt = a.nthreads, D = a.D
-    cdef real* buf
+    cdef Scratch* mine
     cdef const real* wt = w     # (set before the region: it copies them in)
     cdef const real* bt = b
     if nt == 1:
         with nogil:
-            wt = param(&a.w, w, scratch, FORWARD_SCRATCH, D)
-            bt = param(&a.b, b, scratch, FORWARD_SCRATCH + 1, D)
-            forward_range(a, wt, bt, mean_out, rstd_out, 0, M, scratch)
+            wt = param(&a.w, w, sc, 0, D)
+            bt = param(&a.b, b, sc, 1, D)
+            forward_range(a, wt, bt, mean_out, rstd_out, 0, M, sc)
         return
     with nogil, parallel(num_threads=nt):
-        buf = scratch + a.scratch_stride * omp_get_thread_num() if scratch != NULL else NULL
-        wt = param(&a.w, w, buf, FORWARD_SCRATCH, D)
-        bt = param(&a.b, b, buf, FORWARD_SCRATCH + 1, D)
+        mine = sc + omp_get_thread_num()
+        wt = param(&a.w, w, mine, 0, D)
+        bt = param(&a.b, b, mine, 1, D)
         for t in prange(nt, schedule='static'):
-            forward_range(a, wt, bt, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt, buf)
+            forward_range(a, wt, bt, mean_out, rstd_out, t * M // nt, (t + 1) * M // nt, mine)
 
 
 cdef enum:
@@ -736,46 +870,77 @@ cdef inline void end_of_run(const Rows* a, real* g, double* dw, Py_ssize_t i,
 
 
 cdef void backward_exact(const Rows* a, const real* w, const real* mean, const real* rstd,
-                         Py_ssize_t r, real* g, real* buf) noexcept nogil:
-    """Row r in float64 throughout, for float32 rows whose float32 sums came
-    out infinite or NaN: their differences and products overflow float32 in
-    the map too (x near float32's limit, or dy * weight past it), where the
-    true dx and dweight terms may be finite.  Rows are gathered into `buf`
-    (4 rows) where not contiguous float32; dx and the terms are rounded
-    once to float32 (16-bit dx: then to 16 bits, as the forward's
-    row_exact)."""
+                         Py_ssize_t r, real* g, Scratch* sc) noexcept nogil:
+    """Row r in float64 throughout, for the rows grad_row_exact picks.
+    float32 rows whose sums overflow overflow float32 in the map too (x near
+    float32's limit, or dy * weight past it), where the true dx and dweight
+    terms may be finite.  float64 rows whose deviations from the mean are
+    all below 2**-900 are scaled by 2**1000 first, so that no deviation is
+    rounded to a subnormal when the mean's residual c is taken off it.  The
+    dweight/dbias terms of float32 arithmetic are added in float64 (sc.grads,
+    fold_grads), not rounded to float32: a subnormal float32 term keeps few
+    digits.  Rows are gathered into the thread's rows (4) where not
+    contiguous in the compute type; dx is rounded once (16-bit dx: then to
+    16 bits, as the forward's row_exact)."""
     cdef Py_ssize_t i, D = a.D
-    cdef double s[3]
+    cdef double s0 = 0.0, s1 = 0.0, s2 = 0.0
     cdef double m = mean[r] if a.centered else 0.0
-    cdef double rs = rstd[r], c, mg, mgx, xh, d
+    cdef double rs = rstd[r], c, mg, mgx, xh, d, gi, big = 0.0, up = 1.0
+    cdef real* buf = <real*>sc.rows
+    cdef double* grads = NULL
+    if a.direct and a.x.storage != NATIVE:
+        buf = <real*>rare_rows(sc, 4 * D * sizeof(real))
+        if buf == NULL:
+            return
+    if real is float:
+        grads = rare_grads(sc, D)
+        if grads == NULL:
+            return
     cdef const real* xr = load_row(&a.x, r, D, buf)
     cdef const real* dyr = load_row(&a.dy, r, D, buf + D)
     cdef real* dxr = out_row(&a.dx, r, buf + 2 * D)
     cdef const real* dzr = load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL
-    row_grad_sums_exact(xr, dyr, w, D, <real>m, s)
-    c = s[0] / D if a.centered else 0.0
-    mg = s[1] / D if a.centered else 0.0
-    mgx = rs * (s[2] - c * s[1]) / D
+    if real is double:
+        for i in range(D):
+            d = fabs(xr[i] - m)
+            if big < d <= DBL_MAX:
+                big = d
+        if big < ldexp(1.0, -900):
+            up = ldexp(1.0, 1000)
     for i in range(D):
-        xh = ((xr[i] - m) - c) * rs
-        d = rs * ((<double>dyr[i] * w[i] - mg) - xh * mgx)
+        d = (xr[i] - m) * up
+        gi = <double>dyr[i] * w[i]
+        s0 += d
+        s1 += gi
+        s2 += gi * d
+    c = s0 / D if a.centered else 0.0           # (c, mgx: scaled by up)
+    mg = s1 / D if a.centered else 0.0
+    mgx = rs * (s2 - c * s1) / D
+    for i in range(D):
+        xh = ((xr[i] - m) * up - c) * rs        # xhat * up
+        d = rs * ((<double>dyr[i] * w[i] - mg) - xh * (mgx / up) / up)
         if dzr != NULL:
             d += dzr[i]
         dxr[i] = <real>d
-        g[i] += <real>(dyr[i] * xh)
-        if a.centered:
-            g[D + i] += dyr[i]
+        if real is float:
+            grads[i] += dyr[i] * xh
+            if a.centered:
+                grads[D + i] += dyr[i]
+        else:
+            g[i] += dyr[i] * xh / up
+            if a.centered:
+                g[D + i] += dyr[i]
     if buf != NULL and dxr == buf + 2 * D:
         store_row(&a.dx, r, D, dxr)
 
 
 cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
-                                double* dw, real* g, real* buf) noexcept nogil:
+                                double* dw, real* g, Scratch* sc) noexcept nogil:
     """Rows r0..r1-1 of direct arrays, in order, software-pipelined as
     forward_block: one sweep maps row r (dx, and its terms into g[0:D],
-    g[D:2D], see RUN_ROWS) and sums row r + 1.  buf: 4 rows of scratch
-    for the rare rows of 16-bit data (backward_exact)."""
+    g[D:2D], see RUN_ROWS) and sums row r + 1; the rare rows go to
+    backward_exact."""
     cdef Py_ssize_t r, D = a.D
     cdef int st = a.x.storage
     cdef double s[3]
@@ -786,14 +951,13 @@ cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
     row_grad_pipe(st, NULL, NULL, NULL, NULL, NULL, NULL, NULL, row_ptr(&a.x, r0),
                   row_ptr(&a.dy, r0), mean[r0] if c else 0, s, w, D)
     for r in range(r0, r1):
-        if real is float and not sums_finite(s):
-            backward_exact(a, w, mean, rstd, r, g, buf)
+        if not row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k):
+            backward_exact(a, w, mean, rstd, r, g, sc)
             if r + 1 < r1:
                 row_grad_pipe(st, NULL, NULL, NULL, NULL, NULL, NULL, NULL, row_ptr(&a.x, r + 1),
                               row_ptr(&a.dy, r + 1), mean[r + 1] if c else 0, s, w, D)
             end_of_run(a, g, dw, r - r0, r1 - r0)
             continue
-        row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k)
         row_grad_pipe(st, row_ptr(&a.x, r), row_ptr(&a.dy, r),
                       row_or_null(&a.dz, r, r1, a.has_dz), row_ptr(&a.dx, r), k, g,
                       g + D if c else NULL, row_or_null(&a.x, r + 1, r1),
@@ -805,11 +969,12 @@ cdef inline void backward_block(const Rows* a, const real* w, const real* mean,
 
 cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
                               const real* rstd, Py_ssize_t r, real* g,
-                              real* buf) noexcept nogil:
+                              Scratch* sc) noexcept nogil:
     """Row r of arrays with some rows strided or of another dtype, gathered
-    into `buf` (4 rows: x, dy, dx, dz) and stored back: the arithmetic of
-    backward_block, one pass after another."""
+    into the thread's rows (4: x, dy, dx, dz) and stored back: the
+    arithmetic of backward_block, one pass after another."""
     cdef Py_ssize_t D = a.D
+    cdef real* buf = <real*>sc.rows
     cdef double s[3]
     cdef real k[5]
     cdef real m = mean[r] if a.centered else 0
@@ -817,10 +982,9 @@ cdef inline void backward_row(const Rows* a, const real* w, const real* mean,
     cdef const real* dyr = load_row(&a.dy, r, D, buf + D)
     cdef real* dxr = out_row(&a.dx, r, buf + 2 * D)
     row_grad_pipe(NATIVE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, xr, dyr, m, s, w, D)
-    if real is float and not sums_finite(s):
-        backward_exact(a, w, mean, rstd, r, g, buf)
+    if not row_grad_scalars(s, D, a.centered, m, rstd[r], k):
+        backward_exact(a, w, mean, rstd, r, g, sc)
         return
-    row_grad_scalars(s, D, a.centered, m, rstd[r], k)
     row_grad_pipe(NATIVE, xr, dyr, load_row(&a.dz, r, D, buf + 3 * D) if a.has_dz else NULL,
                   dxr, k, g, g + D if a.centered else NULL, NULL, NULL, 0, s, w, D)
     if dxr == buf + 2 * D:
@@ -865,7 +1029,7 @@ cdef inline bint blocked_rows(Py_ssize_t D, Py_ssize_t storage_bytes,
 
 cdef void backward_blocks(const Rows* a, const real* w, const real* mean, const real* rstd,
                           Py_ssize_t r0, Py_ssize_t r1, double* dw, real* g, double* sums,
-                          real* buf, int t, int nt) noexcept nogil:
+                          Scratch* sc, int t, int nt) noexcept nogil:
     """Rows r0..r1-1 of a chunk as backward_block does them, by column
     blocks: thread t of the nt that share the chunk (nt > 1: all the
     threads of the region, which all call this) takes blocks
@@ -873,9 +1037,12 @@ cdef void backward_blocks(const Rows* a, const real* w, const real* mean, const 
     row r and sums row r + 1 into sums[3 ((r + 1) % 2 * nb + block)]; with
     nt > 1 a barrier after each row publishes them, and every thread adds
     up a row's blocks in block order.  g (float32 runs) and dw are shared:
-    each thread adds into its own columns only.  The rare float32 rows that
+    each thread adds into its own columns only.  The rare rows that
     backward_exact redoes are done whole by thread 0 between two barriers
-    (every thread sees the same sums, so all take that branch)."""
+    (every thread sees the same sums, so all take that branch), with thread
+    0's scratch sc[0], whose float64 terms each thread folds into its own
+    columns after the chunk's last row.  sc: the scratch of the nt
+    threads."""
     cdef Py_ssize_t D = a.D, cbk = a.col_block, nb = (D + cbk - 1) // cbk
     cdef Py_ssize_t b0 = t * nb // nt, b1 = (t + 1) * nb // nt
     cdef Py_ssize_t c0 = b0 * cbk, c1 = min(b1 * cbk, D)
@@ -928,11 +1095,11 @@ cdef void backward_blocks(const Rows* a, const real* w, const real* mean, const 
         dyn = <const char*>row_or_null(&a.dy, r + 1, r1)
         mn = mean[r + 1] if c and nxt else 0
         slot = (r + 1 - r0) % 2 * nb
-        if real is float and not sums_finite(s):
+        if not row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k):
             if nt > 1:
                 lnf_omp_barrier()   # (every thread is done with the last run)
             if t == 0:
-                backward_exact(a, w, mean, rstd, r, g, buf)
+                backward_exact(a, w, mean, rstd, r, g, sc)
             for b in range(b0, b1):
                 cb = b * cbk
                 if nxt:
@@ -940,7 +1107,6 @@ cdef void backward_blocks(const Rows* a, const real* w, const real* mean, const 
                                   xn + cb * isz, dyn + cb * isz, mn, sums + 3 * (slot + b),
                                   w + cb, min(cbk, D - cb))
         else:
-            row_grad_scalars(s, D, c, mean[r] if c else 0, rstd[r], k)
             xr = <const char*>row_ptr(&a.x, r)
             dyr = <const char*>row_ptr(&a.dy, r)
             dzr = <const char*>row_or_null(&a.dz, r, r1, a.has_dz)
@@ -964,28 +1130,33 @@ cdef void backward_blocks(const Rows* a, const real* w, const real* mean, const 
         if nt > 1:
             lnf_omp_barrier()       # (the sums of row r + 1 are all in)
         end_of_run(a, g, dw, r - r0, r1 - r0, c0, c1)
+    if real is float and not a.one_run:
+        fold_grads(sc, dw, D, c0, c1, c)
 
 
 cdef inline void backward_chunk(const Rows* a, const real* w, const real* mean,
                                 const real* rstd, Py_ssize_t r0, Py_ssize_t r1,
-                                double* dw, real* g, double* sums, real* buf) noexcept nogil:
+                                double* dw, real* g, double* sums, Scratch* sc) noexcept nogil:
     """Rows r0..r1-1, their dweight/dbias terms summed into the float64
     partial rows dw[0:2D] (dw[0:D] for RMSNorm) in row order: directly when
     real is double (g is dw), else through the float32 runs g[0:2D], which
     are zero before and after (zeroed once per thread, zeroed by each run
-    added).  sums: the thread's block sums (backward_blocks)."""
+    added), and then the float64 terms of its rare rows (fold_grads).
+    sums: the thread's block sums (backward_blocks)."""
     cdef Py_ssize_t r
     if a.blocked:
-        backward_blocks(a, w, mean, rstd, r0, r1, dw, g, sums, buf, 0, 1)
+        backward_blocks(a, w, mean, rstd, r0, r1, dw, g, sums, sc, 0, 1)
         return
     if real is double or r0 >= r1:      # (an empty chunk adds no run)
         memset(dw, 0, 2 * a.D * sizeof(double))
     if a.direct:
-        backward_block(a, w, mean, rstd, r0, r1, dw, g, buf)
+        backward_block(a, w, mean, rstd, r0, r1, dw, g, sc)
     else:
         for r in range(r0, r1):
-            backward_row(a, w, mean, rstd, r, g, buf)
+            backward_row(a, w, mean, rstd, r, g, sc)
             end_of_run(a, g, dw, r - r0, r1 - r0)
+    if real is float and not a.one_run:
+        fold_grads(sc, dw, a.D, 0, a.D, a.centered)
 
 
 cdef enum:
@@ -1064,55 +1235,59 @@ cdef inline real* run_rows(real* runs, double* dw, int t, Py_ssize_t D) noexcept
 cdef void backward_rows(const Rows* a, const real* w, const real* mean,
                         const real* rstd, Py_ssize_t nchunks, double* partials,
                         real* runs, double* sums, void* dwdb, int kind,
-                        real* scratch) noexcept:
+                        Scratch* sc) noexcept:
     """Rows are cut into `nchunks` fixed chunks (independent of the thread
     count); each chunk's dweight/dbias partial row is summed in row order and
     the partials are then added in chunk order: bitwise reproducible.
     Blocked rows (backward_blocks) on no more threads than a row has column
     blocks: all threads take every chunk in turn, each its share of the
     columns; otherwise each thread takes chunks of its own.  sums: 6 nb
-    doubles of block sums per thread."""
+    doubles of block sums per thread.  sc: each thread's scratch."""
     cdef Py_ssize_t c, k, M = a.M, D = a.D, stride = partial_stride(D)
     cdef Py_ssize_t width = 2 * D if a.centered else D     # (RMSNorm: no dbias)
     cdef Py_ssize_t nblocks = (width + SUM_BLOCK - 1) // SUM_BLOCK
     cdef Py_ssize_t nb = (D + a.col_block - 1) // a.col_block
-    cdef real* buf = NULL
     cdef const real* wt = w
+    cdef real* g
     cdef int t
     if a.nthreads == 1:     # (no OpenMP region, as in forward_rows)
         with nogil:
-            wt = param(&a.w, w, scratch, BACKWARD_SCRATCH, D)
+            wt = param(&a.w, w, sc, 0, D)
             if real is float:
                 memset(run_rows(runs, NULL, 0, D), 0, 2 * D * sizeof(float))
             for c in range(nchunks):
                 backward_chunk(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
-                               run_rows(runs, partials + stride * c, 0, D), sums, scratch)
+                               run_rows(runs, partials + stride * c, 0, D), sums, sc)
     elif a.blocked and a.nthreads <= nb:
         with nogil, parallel(num_threads=a.nthreads):
             t = omp_get_thread_num()
-            buf = scratch + a.scratch_stride * t if scratch != NULL else NULL
-            wt = param(&a.w, w, buf, BACKWARD_SCRATCH, D)
+            wt = param(&a.w, w, sc + t, 0, D)
             for c in range(nchunks):    # (every thread: the barriers are in there)
                 backward_blocks(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                 partials + stride * c,
-                                run_rows(runs, partials + stride * c, 0, D), sums, buf,
+                                run_rows(runs, partials + stride * c, 0, D), sums, sc,
                                 t, omp_get_num_threads())
     else:
         with nogil, parallel(num_threads=a.nthreads):
             t = omp_get_thread_num()
-            buf = scratch + a.scratch_stride * t if scratch != NULL else NULL
-            wt = param(&a.w, w, buf, BACKWARD_SCRATCH, D)
+            wt = param(&a.w, w, sc + t, 0, D)
             if real is float:
                 memset(run_rows(runs, NULL, t, D), 0, 2 * D * sizeof(float))
             for c in prange(nchunks, schedule='static'):
                 backward_chunk(a, wt, mean, rstd, c * M // nchunks, (c + 1) * M // nchunks,
                                partials + stride * c,
                                run_rows(runs, partials + stride * c, t, D),
-                               sums + 6 * nb * t, buf)
+                               sums + 6 * nb * t, sc + t)
     if real is float and a.one_run:     # (one thread: nchunks is 1)
+        g = run_rows(runs, NULL, 0, D)
         with nogil:
-            round_run(run_rows(runs, NULL, 0, D), width, dwdb, kind)
+            if sc.grads == NULL:
+                round_run(g, width, dwdb, kind)
+            else:       # (the run, then the float64 terms of the rare rows)
+                for k in range(width):
+                    sc.grads[k] = g[k] + sc.grads[k]
+                sum_partials(sc.grads, 1, width, 0, width, dwdb, kind)
         return
     if partials == <double*>dwdb:       # (one float64 chunk, summed in place)
         return
@@ -1135,6 +1310,7 @@ cdef inline void* data_or_null(cnp.ndarray a):
 cdef int rows_init(Rows* a, cnp.ndarray x, double eps, bint centered,
                    int nthreads) except -1:
     a.D = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
+    a.wp = a.bp = a.D
     a.M = cnp.PyArray_SIZE(x) // a.D
     a.eps = eps
     a.centered = centered
@@ -1178,12 +1354,13 @@ cdef bint params_init(Rows* a, cnp.ndarray w, cnp.ndarray b) except -1:
     return cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT64
 
 
-cdef cnp.ndarray row_scratch(Rows* a, bint f64, tuple arrays, int rows):
+cdef Scratches row_scratch(Rows* a, bint f64, tuple arrays, int rows):
     """Set a.direct (every row contiguous in x's dtype: the pipelined path)
-    and return per-thread scratch in the compute type (float64 when f64,
-    else float32): `rows` rows for gathered rows, or for the rare rows of
-    direct 16-bit data, then PARAM_ROWS rows for 16-bit weight and bias.
-    Each thread's part starts on a 64-byte line (aligned_data)."""
+    and return each thread's Scratch, in the compute type (float64 when
+    f64, else float32): `rows` rows for gathered rows, then PARAM_ROWS rows
+    for 16-bit weight and bias, allocated now, each thread's part on a
+    64-byte line.  Direct rows get rows for their rare rows only when one
+    needs them (Scratch)."""
     cdef cnp.ndarray x = arrays[0]
     a.direct = True
     for arr in arrays:
@@ -1191,14 +1368,18 @@ cdef cnp.ndarray row_scratch(Rows* a, bint f64, tuple arrays, int rows):
                 cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(x)
                 or cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] != cnp.PyArray_ITEMSIZE(x)):
             a.direct = False
-    if a.direct and a.x.storage == NATIVE:      # (then the weights are too)
-        return None
-    cdef Py_ssize_t line = 8 if f64 else 16
-    if a.w.storage != NATIVE or a.b.storage != NATIVE:
-        rows += PARAM_ROWS
-    a.scratch_stride = (rows * a.D + line - 1) // line * line
-    cdef cnp.npy_intp n = a.scratch_stride * a.nthreads + line
-    return cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64 if f64 else cnp.NPY_FLOAT32, 0)
+    cdef Scratches sc = Scratches(a.nthreads)
+    if a.direct:
+        rows = 0
+    cdef Py_ssize_t size = 8 if f64 else 4
+    cdef Py_ssize_t params = PARAM_ROWS if a.w.storage != NATIVE or a.b.storage != NATIVE else 0
+    if rows + params == 0:
+        return sc
+    cdef Py_ssize_t stride = ((rows + params) * a.D * size + 63) // 64 * 64
+    cdef cnp.npy_intp n = stride * a.nthreads + 64
+    cdef cnp.ndarray up_front = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT8, 0)
+    sc.set(aligned_data(up_front), stride, rows * a.D * size, rows > 0, up_front)
+    return sc
 
 
 cdef inline void* aligned_data(cnp.ndarray a):
@@ -1232,16 +1413,22 @@ cdef int run_forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.nda
     if not centered:    # (RMSNorm has no bias: b stands for w, unread)
         b = w
     cdef bint f64 = params_init(&a, w, b if centered else None)
-    scratch = row_scratch(&a, f64, (x, residual, z, y), FORWARD_SCRATCH)
+    a.wp = cnp.PyArray_DIM(w, 0)        # (D, or a stand-in's CONSTANT_MAX_D)
+    a.bp = cnp.PyArray_DIM(b, 0)
+    if not (a.wp == a.D or a.wp == CONSTANT_MAX_D < a.D) or not (
+            a.bp == a.D or a.bp == CONSTANT_MAX_D < a.D):
+        raise ValueError("weight and bias must have D elements")
+    cdef Scratches sc = row_scratch(&a, f64, (x, residual, z, y), FORWARD_SCRATCH)
     a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(y), cnp.PyArray_NBYTES(y))
     if not f64:
         forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
                             <float*>data_or_null(mean), <float*>data_or_null(rstd),
-                            <float*>aligned_data(scratch))
+                            sc.sc)
     else:
         forward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>cnp.PyArray_DATA(b),
                              <double*>data_or_null(mean), <double*>data_or_null(rstd),
-                             <double*>aligned_data(scratch))
+                             sc.sc)
+    sc.finish()
     return 0
 
 
@@ -1291,7 +1478,7 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     cdef double* part = <double*>cnp.PyArray_DATA(dwdb)
     cdef bint f32 = not params_init(&a, w, None)     # float32 arithmetic
     a.nthreads = min(nthreads, nchunks)
-    scratch = row_scratch(&a, not f32, (x, dy, dz, dx), BACKWARD_SCRATCH)
+    cdef Scratches sc = row_scratch(&a, not f32, (x, dy, dz, dx), BACKWARD_SCRATCH)
     a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
     a.blocked = a.direct and blocked_rows(a.D, cnp.PyArray_ITEMSIZE(x), 4 if f32 else 8)
     cdef Py_ssize_t nsums = 6 * ((a.D + a.col_block - 1) // a.col_block) * a.nthreads if a.blocked else 0
@@ -1319,11 +1506,12 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     if f32:
         backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
                              <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,
-                             sums, cnp.PyArray_DATA(dwdb), kind, <float*>aligned_data(scratch))
+                             sums, cnp.PyArray_DATA(dwdb), kind, sc.sc)
     else:
         backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
                               <double*>cnp.PyArray_DATA(rstd), nchunks, part, NULL,
-                              sums, cnp.PyArray_DATA(dwdb), kind, <double*>aligned_data(scratch))
+                              sums, cnp.PyArray_DATA(dwdb), kind, sc.sc)
+    sc.finish()
     return 0
 
 
@@ -1397,9 +1585,14 @@ cdef enum:
     CONSTANT_MAX_KEPT = 64
 
 
-def constant(double value, cnp.npy_intp D, int typenum):
+def constant(double value, cnp.npy_intp D, int typenum, bint forward=False):
     """Read-only float32 or float64 vector of D copies of `value`: the
-    stand-in for weight=None (ones) or bias=None (zeros), kept for reuse."""
+    stand-in for weight=None (ones) or bias=None (zeros), kept for reuse.
+    For the forward pass, at most CONSTANT_MAX_D copies: its map takes
+    longer rows by pieces of that length (map_row), so a long row needs no
+    stand-in of its length."""
+    if forward and D > CONSTANT_MAX_D:
+        D = CONSTANT_MAX_D
     key = (value, D, typenum)
     v = _constants.get(key)
     if v is not None:
@@ -1447,8 +1640,8 @@ def forward_common(threads_for, x, residual, weight, bias, eps, bint centered,
         return None
     if not (plain_param(weight, t, ct, D) and plain_param(bias, t, ct, D)):
         return None
-    w = constant(1.0, D, ct) if weight is None else weight
-    b = None if not centered else constant(0.0, D, ct) if bias is None else bias
+    w = constant(1.0, D, ct, True) if weight is None else weight
+    b = None if not centered else constant(0.0, D, ct, True) if bias is None else bias
     cdef size_t nbytes = cnp.PyArray_NBYTES(xa)
     cdef size_t stat_bytes = M * (8 if ct == cnp.NPY_FLOAT64 else 4)
     y = new_array(nd, dims, t, nbytes)

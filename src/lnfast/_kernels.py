@@ -67,12 +67,13 @@ def _aligned(a):
     return a if a.flags.aligned else a.copy()
 
 
-def _vector(p, value, D, dtype):
+def _vector(p, value, D, dtype, forward=False):
     """weight or bias as the kernels take it: a read-only stand-in of
-    `value` kept for reuse (None), 16-bit weights as they are (each thread
-    widens its own copy), else contiguous in the compute dtype."""
+    `value` kept for reuse (None; for the forward pass of long rows, shorter
+    than D: _cpu.constant), 16-bit weights as they are (each thread widens
+    its own copy), else contiguous in the compute dtype."""
     if p is None:
-        return _cpu.constant(value, D, dtype.num)
+        return _cpu.constant(value, D, dtype.num, forward)
     if p.dtype.itemsize == 2:
         return _aligned(p)
     return _aligned(np.ascontiguousarray(p, dtype=dtype))
@@ -155,7 +156,7 @@ def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
         target = out if safe else np.empty(x.shape, dtype)
     if x.size:
         _cpu.forward(_kernel_view(x), _kernel_view(residual), z, target,
-                     _vector(weight, 1.0, D, compute), _vector(bias, 0.0, D, compute),
+                     _vector(weight, 1.0, D, compute, True), _vector(bias, 0.0, D, compute, True),
                      mean, rstd, eps, centered, min(threads_for(x.size), x.size // D))
     if target is not y:
         np.copyto(y, target)
