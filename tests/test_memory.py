@@ -14,6 +14,13 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 LONG = 2 * 65536 + 7        # longer than the forward's stand-in weights
 
 
+def _sanitized():
+    with open("/proc/self/maps") as f:
+        return "libasan" in f.read()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _sanitized(),
+                    reason="peak memory from Linux's ru_maxrss, without ASan's shadow memory")
 def test_a_long_16bit_row_runs_its_forward_in_little_extra_memory():
     """x of 2**28 + 5 float16 values (512 MiB): the forward's peak is x, y
     and at most 64 MiB more (scratch rows and float32 stand-in weights of
