@@ -35,7 +35,7 @@ for d in "$work"/debs/*.deb; do dpkg -x "$d" "$root"; done
     --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
     --platform manylinux_2_17_aarch64 --python-version 3.11 \
     --implementation cp --abi cp311 \
-    "numpy>=2.0" "ml_dtypes>=0.4" "cython>=3.1" "setuptools>=77" pytest threadpoolctl
+    "numpy>=2.0" "ml_dtypes>=0.4" "cython>=3.1" "setuptools>=77" pytest threadpoolctl mpmath
 
 # The interpreter, as a script that starts qemu: the tests that run
 # sys.executable in a subprocess start it the same way (no binfmt_misc).
@@ -51,5 +51,7 @@ PYTHONPATH=$site "$py" setup.py -q build_ext --inplace \
     -I "$root/usr/include/python3.11:$root/usr/include"
 export PYTHONPATH=$work/lnfast/src:$site
 "$py" -c "import lnfast, platform; assert platform.machine() == 'aarch64'; lnfast.show_config()"
-"$py" -m pytest tests -q -p no:cacheprovider
+# (the peak-memory test measures qemu's own memory too: x86-64 runs it)
+"$py" -m pytest tests -q -p no:cacheprovider \
+    --deselect tests/test_memory.py::test_a_long_16bit_row_runs_its_forward_in_little_extra_memory
 "$py" .ci/fingerprint.py > "$work/fingerprint"
