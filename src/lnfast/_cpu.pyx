@@ -349,18 +349,19 @@ cdef class Scratches:
             raise MemoryError()
 
     cdef void set(self, void* base, Py_ssize_t stride, Py_ssize_t rows_bytes,
-                  bint gathered, object up_front):
-        """Thread t's rows (gathered) and params from base + t stride bytes."""
+                  object up_front):
+        """Thread t's rows (rows_bytes of them: gathered rows) and then its
+        params from base + t stride bytes."""
         cdef int t
         self.up_front = up_front
-        if base == NULL:
-            return
         for t in range(self.n):
-            if gathered:
+            if rows_bytes:
                 self.sc[t].rows = <char*>base + t * stride
             self.sc[t].params = <char*>base + t * stride + rows_bytes
 
-    cdef int finish(self) except -1:
+    cdef bint release(self) noexcept:
+        """Free what the rows allocated on first use; whether an allocation
+        failed."""
         cdef int t
         cdef bint failed = False
         for t in range(self.n):
@@ -371,16 +372,16 @@ cdef class Scratches:
                 self.sc[t].owned = False
             free(self.sc[t].grads)
             self.sc[t].grads = NULL
-        if failed:
+        return failed
+
+    cdef int finish(self) except -1:
+        if self.release():
             raise MemoryError("lnfast: no memory for the scratch of rows redone in float64")
         return 0
 
     def __dealloc__(self):
         if self.sc != NULL:
-            for t in range(self.n):
-                if self.sc[t].owned:
-                    free(self.sc[t].rows)
-                free(self.sc[t].grads)
+            self.release()
             free(self.sc)
 
 
@@ -483,7 +484,7 @@ cdef inline void row_grad_pipe(int storage, crow x, crow dy, crow dz, void* dx,
                                <const uint16_t*>dyf, stream)
 
 
-# grad_row_exact: rows whose terms g * (x - mean) average below these are
+# row_grad_scalars: rows whose terms g * (x - mean) average below these are
 # redone in float64 (backward_exact).  Below 2**-126 (float32) or 2**-1022
 # (float64) a deviation or a term is subnormal and keeps fewer digits than
 # its type; the margin covers |g| up to 2**26 or 2**62.  Random rows never
@@ -614,8 +615,6 @@ cdef inline void row_exact(const real* x, real* y, const real* w, const real* b,
     k[2] = <real>rstd
 
 
-
-
 cdef inline bint row_grad_scalars(const double* s, Py_ssize_t D, bint centered,
                                   real mean, real rstd, real* k) noexcept nogil:
     """The per-row scalars of the backward map from the row's sums s =
@@ -663,9 +662,8 @@ cdef struct Rows:
     bint blocked                # backward: rows summed by column blocks of
     Py_ssize_t col_block        # col_block columns (backward_blocks)
     RowMap w, b                 # weight and bias; 16-bit ones are widened per thread
-    Py_ssize_t wp, bp           # forward: their lengths, D or PERIOD (stand-ins)
+    Py_ssize_t wp, bp           # forward: their lengths, D or CONSTANT_MAX_D (stand-ins)
     Py_ssize_t M, D
-    Py_ssize_t scratch_stride   # floats or doubles of scratch per thread
     double eps
     int nthreads
 
@@ -699,8 +697,8 @@ cdef void forward_exact(const Rows* a, const real* w, const real* b, Py_ssize_t 
 
 cdef inline void map_row(const Rows* a, int st, crow x, void* y, const real* w,
                          const real* b, const real* k) noexcept nogil:
-    """y = the normalized row x (k: hi, lo, rstd), in pieces of PERIOD
-    columns where the weight or bias is a stand-in of that length (the map
+    """y = the normalized row x (k: hi, lo, rstd), in pieces of
+    CONSTANT_MAX_D columns where the weight or bias is a stand-in of that length (the map
     is elementwise: the same bits as in one piece)."""
     cdef Py_ssize_t j = 0, n, isz = sizeof(real) if st == NATIVE else 2
     cdef Py_ssize_t piece = min(a.wp, a.bp)
@@ -871,7 +869,7 @@ cdef inline void end_of_run(const Rows* a, real* g, double* dw, Py_ssize_t i,
 
 cdef void backward_exact(const Rows* a, const real* w, const real* mean, const real* rstd,
                          Py_ssize_t r, real* g, Scratch* sc) noexcept nogil:
-    """Row r in float64 throughout, for the rows grad_row_exact picks.
+    """Row r in float64 throughout, for the rows row_grad_scalars turns down.
     float32 rows whose sums overflow overflow float32 in the map too (x near
     float32's limit, or dy * weight past it), where the true dx and dweight
     terms may be finite.  float64 rows whose deviations from the mean are
@@ -1378,7 +1376,7 @@ cdef Scratches row_scratch(Rows* a, bint f64, tuple arrays, int rows):
     cdef Py_ssize_t stride = ((rows + params) * a.D * size + 63) // 64 * 64
     cdef cnp.npy_intp n = stride * a.nthreads + 64
     cdef cnp.ndarray up_front = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT8, 0)
-    sc.set(aligned_data(up_front), stride, rows * a.D * size, rows > 0, up_front)
+    sc.set(aligned_data(up_front), stride, rows * a.D * size, up_front)
     return sc
 
 
