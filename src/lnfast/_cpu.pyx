@@ -335,54 +335,34 @@ cdef inline void fold_grads(Scratch* sc, double* dw, Py_ssize_t D, Py_ssize_t c0
             sc.grads[D + j] = 0.0
 
 
-cdef class Scratches:
-    """Each thread's Scratch for one call; frees what the rows allocated and
-    raises MemoryError where an allocation failed (finish)."""
-    cdef Scratch* sc
-    cdef int n
-    cdef object up_front        # the rows and params allocated before the call
-
-    def __cinit__(self, int n):
-        self.sc = <Scratch*>calloc(n, sizeof(Scratch))
-        self.n = n
-        if self.sc == NULL:
+cdef Scratch* scratches_new(int n, Scratch* one) except NULL:
+    """Each of n threads' Scratch, zeroed: `one` itself when n is 1 (no
+    allocation in a small call), else allocated.  scratches_end frees them."""
+    cdef Scratch* sc = one
+    if n > 1:
+        sc = <Scratch*>calloc(n, sizeof(Scratch))
+        if sc == NULL:
             raise MemoryError()
+    else:
+        memset(one, 0, sizeof(Scratch))
+    return sc
 
-    cdef void set(self, void* base, Py_ssize_t stride, Py_ssize_t rows_bytes,
-                  object up_front):
-        """Thread t's rows (rows_bytes of them: gathered rows) and then its
-        params from base + t stride bytes."""
-        cdef int t
-        self.up_front = up_front
-        for t in range(self.n):
-            if rows_bytes:
-                self.sc[t].rows = <char*>base + t * stride
-            self.sc[t].params = <char*>base + t * stride + rows_bytes
 
-    cdef bint release(self) noexcept:
-        """Free what the rows allocated on first use; whether an allocation
-        failed."""
-        cdef int t
-        cdef bint failed = False
-        for t in range(self.n):
-            failed = failed or self.sc[t].failed
-            if self.sc[t].owned:
-                free(self.sc[t].rows)
-                self.sc[t].rows = NULL
-                self.sc[t].owned = False
-            free(self.sc[t].grads)
-            self.sc[t].grads = NULL
-        return failed
-
-    cdef int finish(self) except -1:
-        if self.release():
-            raise MemoryError("lnfast: no memory for the scratch of rows redone in float64")
-        return 0
-
-    def __dealloc__(self):
-        if self.sc != NULL:
-            self.release()
-            free(self.sc)
+cdef int scratches_end(Scratch* sc, int n, Scratch* one) except -1:
+    """Free what the rows allocated on first use, and sc itself (unless it
+    is `one`); MemoryError where an allocation failed."""
+    cdef int t
+    cdef bint failed = False
+    for t in range(n):
+        failed = failed or sc[t].failed
+        if sc[t].owned:
+            free(sc[t].rows)
+        free(sc[t].grads)
+    if sc != one:
+        free(sc)
+    if failed:
+        raise MemoryError("lnfast: no memory for the scratch of rows redone in float64")
+    return 0
 
 
 cdef inline const real* load_row(const RowMap* m, Py_ssize_t r, Py_ssize_t D,
@@ -1352,13 +1332,13 @@ cdef bint params_init(Rows* a, cnp.ndarray w, cnp.ndarray b) except -1:
     return cnp.PyArray_TYPE(w) == cnp.NPY_FLOAT64
 
 
-cdef Scratches row_scratch(Rows* a, bint f64, tuple arrays, int rows):
+cdef cnp.ndarray row_scratch(Rows* a, bint f64, tuple arrays, int rows, Scratch* sc):
     """Set a.direct (every row contiguous in x's dtype: the pipelined path)
-    and return each thread's Scratch, in the compute type (float64 when
-    f64, else float32): `rows` rows for gathered rows, then PARAM_ROWS rows
+    and give each thread's Scratch sc[t], in the compute type (float64 when
+    f64, else float32), `rows` rows for gathered rows, then PARAM_ROWS rows
     for 16-bit weight and bias, allocated now, each thread's part on a
-    64-byte line.  Direct rows get rows for their rare rows only when one
-    needs them (Scratch)."""
+    64-byte line; return that memory (None: none).  Direct rows get rows for
+    their rare rows only when one needs them (Scratch)."""
     cdef cnp.ndarray x = arrays[0]
     a.direct = True
     for arr in arrays:
@@ -1366,18 +1346,22 @@ cdef Scratches row_scratch(Rows* a, bint f64, tuple arrays, int rows):
                 cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(x)
                 or cnp.PyArray_STRIDES(arr)[cnp.PyArray_NDIM(arr) - 1] != cnp.PyArray_ITEMSIZE(x)):
             a.direct = False
-    cdef Scratches sc = Scratches(a.nthreads)
+    cdef int t
     if a.direct:
         rows = 0
     cdef Py_ssize_t size = 8 if f64 else 4
     cdef Py_ssize_t params = PARAM_ROWS if a.w.storage != NATIVE or a.b.storage != NATIVE else 0
     if rows + params == 0:
-        return sc
+        return None
     cdef Py_ssize_t stride = ((rows + params) * a.D * size + 63) // 64 * 64
     cdef cnp.npy_intp n = stride * a.nthreads + 64
     cdef cnp.ndarray up_front = cnp.PyArray_EMPTY(1, &n, cnp.NPY_UINT8, 0)
-    sc.set(aligned_data(up_front), stride, rows * a.D * size, up_front)
-    return sc
+    cdef char* base = <char*>aligned_data(up_front)
+    for t in range(a.nthreads):
+        if rows:
+            sc[t].rows = base + t * stride
+        sc[t].params = base + t * stride + rows * a.D * size
+    return up_front
 
 
 cdef inline void* aligned_data(cnp.ndarray a):
@@ -1416,17 +1400,21 @@ cdef int run_forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.nda
     if not (a.wp == a.D or a.wp == CONSTANT_MAX_D < a.D) or not (
             a.bp == a.D or a.bp == CONSTANT_MAX_D < a.D):
         raise ValueError("weight and bias must have D elements")
-    cdef Scratches sc = row_scratch(&a, f64, (x, residual, z, y), FORWARD_SCRATCH)
-    a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(y), cnp.PyArray_NBYTES(y))
-    if not f64:
-        forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
-                            <float*>data_or_null(mean), <float*>data_or_null(rstd),
-                            sc.sc)
-    else:
-        forward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>cnp.PyArray_DATA(b),
-                             <double*>data_or_null(mean), <double*>data_or_null(rstd),
-                             sc.sc)
-    sc.finish()
+    cdef Scratch one
+    cdef Scratch* sc = scratches_new(a.nthreads, &one)
+    try:
+        up_front = row_scratch(&a, f64, (x, residual, z, y), FORWARD_SCRATCH, sc)
+        a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(y), cnp.PyArray_NBYTES(y))
+        if not f64:
+            forward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>cnp.PyArray_DATA(b),
+                                <float*>data_or_null(mean), <float*>data_or_null(rstd),
+                                sc)
+        else:
+            forward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>cnp.PyArray_DATA(b),
+                                 <double*>data_or_null(mean), <double*>data_or_null(rstd),
+                                 sc)
+    finally:
+        scratches_end(sc, a.nthreads, &one)
     return 0
 
 
@@ -1476,40 +1464,46 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     cdef double* part = <double*>cnp.PyArray_DATA(dwdb)
     cdef bint f32 = not params_init(&a, w, None)     # float32 arithmetic
     a.nthreads = min(nthreads, nchunks)
-    cdef Scratches sc = row_scratch(&a, not f32, (x, dy, dz, dx), BACKWARD_SCRATCH)
-    a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
-    a.blocked = a.direct and blocked_rows(a.D, cnp.PyArray_ITEMSIZE(x), 4 if f32 else 8)
-    cdef Py_ssize_t nsums = 6 * ((a.D + a.col_block - 1) // a.col_block) * a.nthreads if a.blocked else 0
-    a.one_run = f32 and nchunks == 1 and a.M <= RUN_ROWS
-    cdef bint in_place = (nchunks == 1 and kind == GRAD_F64
-                          and (<uintptr_t>part % 64 == 0 or a.M < 16))
-    if a.one_run:
-        part = NULL
-    cdef Py_ssize_t stride = partial_stride(a.D)
+    cdef Py_ssize_t nsums, stride = partial_stride(a.D)
+    cdef bint in_place
     cdef cnp.ndarray partials = None
     cdef double* base = NULL
-    n = ((0 if in_place or a.one_run else stride * nchunks) + (stride * a.nthreads if f32 else 0)
-         + nsums)
-    if n:
-        n += 8
-        partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
-        base = <double*>aligned_data(partials)
-    if not (in_place or a.one_run):
-        part = base
-        base += stride * nchunks
-    cdef double* sums = base + (stride * a.nthreads if f32 else 0)
-    if not centered:    # (RMSNorm sums no dbias: backward_rows)
-        memset(<char*>cnp.PyArray_DATA(dwdb) + cnp.PyArray_NBYTES(dwdb) // 2, 0,
-               cnp.PyArray_NBYTES(dwdb) // 2)
-    if f32:
-        backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
-                             <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,
-                             sums, cnp.PyArray_DATA(dwdb), kind, sc.sc)
-    else:
-        backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
-                              <double*>cnp.PyArray_DATA(rstd), nchunks, part, NULL,
-                              sums, cnp.PyArray_DATA(dwdb), kind, sc.sc)
-    sc.finish()
+    cdef double* sums
+    cdef Scratch one
+    cdef Scratch* sc = scratches_new(a.nthreads, &one)
+    try:
+        up_front = row_scratch(&a, not f32, (x, dy, dz, dx), BACKWARD_SCRATCH, sc)
+        a.stream = a.direct and streamed(a.D, cnp.PyArray_ITEMSIZE(dx), cnp.PyArray_NBYTES(dx))
+        a.blocked = a.direct and blocked_rows(a.D, cnp.PyArray_ITEMSIZE(x), 4 if f32 else 8)
+        nsums = 6 * ((a.D + a.col_block - 1) // a.col_block) * a.nthreads if a.blocked else 0
+        a.one_run = f32 and nchunks == 1 and a.M <= RUN_ROWS
+        in_place = (nchunks == 1 and kind == GRAD_F64
+                    and (<uintptr_t>part % 64 == 0 or a.M < 16))
+        if a.one_run:
+            part = NULL
+        n = ((0 if in_place or a.one_run else stride * nchunks) + (stride * a.nthreads if f32 else 0)
+             + nsums)
+        if n:
+            n += 8
+            partials = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
+            base = <double*>aligned_data(partials)
+        if not (in_place or a.one_run):
+            part = base
+            base += stride * nchunks
+        sums = base + (stride * a.nthreads if f32 else 0)
+        if not centered:    # (RMSNorm sums no dbias: backward_rows)
+            memset(<char*>cnp.PyArray_DATA(dwdb) + cnp.PyArray_NBYTES(dwdb) // 2, 0,
+                   cnp.PyArray_NBYTES(dwdb) // 2)
+        if f32:
+            backward_rows[float](&a, <float*>cnp.PyArray_DATA(w), <float*>data_or_null(mean),
+                                 <float*>cnp.PyArray_DATA(rstd), nchunks, part, <float*>base,
+                                 sums, cnp.PyArray_DATA(dwdb), kind, sc)
+        else:
+            backward_rows[double](&a, <double*>cnp.PyArray_DATA(w), <double*>data_or_null(mean),
+                                  <double*>cnp.PyArray_DATA(rstd), nchunks, part, NULL,
+                                  sums, cnp.PyArray_DATA(dwdb), kind, sc)
+    finally:
+        scratches_end(sc, a.nthreads, &one)
     return 0
 
 
