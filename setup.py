@@ -129,15 +129,25 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+NUMPY_API = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 extensions = [
+    # The kernels: the C library (src/lnfast/cpu, its units each compiled
+    # on their own) under its Cython face.
     Extension(
         "lnfast._cpu",
-        ["src/lnfast/_cpu.pyx"],
-        include_dirs=[numpy.get_include()],
-        # the C kernels: an edit to one rebuilds the module
-        depends=glob.glob("src/lnfast/*.h"),
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    )
+        ["src/lnfast/_cpu.pyx"] + sorted(glob.glob("src/lnfast/cpu/*.c")),
+        include_dirs=["src/lnfast", numpy.get_include()],
+        depends=sorted(glob.glob("src/lnfast/cpu/*.h")),   # (an edit rebuilds the module)
+        define_macros=NUMPY_API,
+    ),
+    # The output buffer cache.
+    Extension(
+        "lnfast._pool",
+        ["src/lnfast/_pool.pyx"],
+        include_dirs=["src/lnfast", numpy.get_include()],
+        depends=["src/lnfast/_pool.h"],
+        define_macros=NUMPY_API,
+    ),
 ]
 
 setup(

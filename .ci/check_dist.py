@@ -1,5 +1,6 @@
 """Check what the wheel and the sdist in DIR contain (issue: packaging)."""
 import pathlib
+import re
 import sys
 import tarfile
 import zipfile
@@ -12,7 +13,9 @@ names = zipfile.ZipFile(wheel).namelist()
 print(f"{wheel.name}:")
 for n in names:
     print("   ", n)
-assert any(n.startswith("lnfast/_cpu.") and n.endswith((".so", ".pyd")) for n in names), "no compiled module"
+for module in ("_cpu", "_pool"):
+    assert any(n.startswith(f"lnfast/{module}.") and n.endswith((".so", ".pyd")) for n in names), \
+        f"no compiled module {module}"
 for required in ("lnfast/py.typed", "lnfast/_cpu.pyi", "lnfast/__init__.py",
                  "lnfast/kernels/norm.cu"):
     assert required in names, f"wheel lacks {required}"
@@ -21,13 +24,14 @@ for n in names:
 
 members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in m]
 print(f"{sdist.name}: {len(members)} files")
-for required in ("src/lnfast/_cpu.pyx", "src/lnfast/_openmp_helpers.pxd",
-                 "src/lnfast/rowops.h", "src/lnfast/rowops_all.h", "src/lnfast/pool.h",
-                 "src/lnfast/halfconv.h", "src/lnfast/kernels/norm.cu",
+for required in ("src/lnfast/_cpu.pyx", "src/lnfast/_pool.pyx", "src/lnfast/_pool.h",
+                 "src/lnfast/cpu/lnfast_cpu.h", "src/lnfast/cpu/rowops.h",
+                 "src/lnfast/cpu/forward.c", "src/lnfast/cpu/rows_f32_avx2.c",
+                 "src/lnfast/cpu/halfconv.h", "src/lnfast/kernels/norm.cu",
                  "setup.py", "pyproject.toml", "tests/test_layer_norm.py",
                  "tests/gpu/emulate.h", "tests/gpu/fake_cupy/cupy/__init__.py"):
     assert required in members, f"sdist lacks {required}"
 for m in members:
-    assert not m.endswith((".so", ".pyd")) and not (m.startswith("src/") and m.endswith(".c")), \
+    assert not m.endswith((".so", ".pyd")) and not re.fullmatch(r"src/lnfast/_\w+\.c", m), \
         f"sdist carries a build product: {m}"
 print("wheel and sdist contents OK")

@@ -10,7 +10,7 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import lnfast
-from lnfast import _cpu, _kernels
+from lnfast import _cpu, _kernels, _pool
 from lnfast import reference as ref
 
 
@@ -43,7 +43,7 @@ def test_openmps_default_is_capped_like_the_other_settings():
 def test_emptying_the_cache_from_two_threads_keeps_its_limit():
     import threading
 
-    limit = _cpu.cache_info()[1]
+    limit = _pool.cache_info()[1]
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
@@ -54,7 +54,7 @@ def test_emptying_the_cache_from_two_threads_keeps_its_limit():
                 t.start()
             for t in threads:
                 t.join()
-            assert _cpu.cache_info()[1] == limit
+            assert _pool.cache_info()[1] == limit
     finally:
         sys.setswitchinterval(switch)
 
@@ -166,7 +166,7 @@ def test_float32_backward_rows_whose_terms_overflow(dtype):
 
 
 def test_bfloat16_gradients_are_rounded_once():
-    # Three rows of dy in three different float32 runs (_cpu.pyx RUN_ROWS = 16
+    # Three rows of dy in three different float32 runs (cpu/config.h LNF_RUN_ROWS = 16
     # rows each), so their float64 sum is exact, just above a bfloat16 tie.
     bf16 = np.dtype(ml_dtypes.bfloat16)
     x = np.tile(np.array([0.0, 1.0], np.float32), (33, 1))
@@ -361,7 +361,7 @@ def test_pipelined_and_gathered_rows_agree_bitwise(rng, dtype, D):
                                       (np.float16, 2.0**-24), (ml_dtypes.bfloat16, 2.0**-24)])
 def test_a_first_value_far_from_the_mean_costs_no_accuracy(dtype, u):
     # Rows are summed about their first value; a row whose first value lies
-    # far from its mean is summed again about the mean (RESHIFT in _cpu.pyx).
+    # far from its mean is summed again about the mean (LNF_RESHIFT, cpu/config.h).
     # 4095 ones after one -2**-12: float32 rstd was off by 1e-4 before.
     rng = np.random.default_rng(11)
     x = rng.standard_normal((6, 4096))

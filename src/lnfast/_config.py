@@ -5,7 +5,7 @@ from importlib import metadata
 
 import numpy as np
 
-from lnfast import _cpu
+from lnfast import _cpu, _pool
 from lnfast._threads import get_num_threads
 
 try:
@@ -33,7 +33,7 @@ def config():
         "simd": build["simd"],
         "threads": get_num_threads(),
         "output cache": "{:.0f} MiB held, limit {:.0f} MiB".format(
-            *(n / 2**20 for n in _cpu.cache_info()[:2])),
+            *(n / 2**20 for n in _pool.cache_info()[:2])),
         "gpu": _gpu_status(),
     }
 

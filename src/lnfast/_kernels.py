@@ -7,27 +7,13 @@ import os
 
 import numpy as np
 
-from lnfast import _cpu
+from lnfast import _cpu, _pool
 from lnfast._checks import compute_dtype
 from lnfast._threads import PARALLEL_MIN_ELEMENTS_BACKWARD, threads_for
 
 # The kernels address at most this many (non-mergeable) leading axes; deeper
 # arrays are reshaped to 2-D first.
 _MAX_LEAD = 32
-
-# dweight/dbias partial rows: at most this many chunks of rows, each summed in
-# row order, and at most this many bytes of float64 partials.  The chunk grid
-# depends on the shape only, never on the thread count.
-_MAX_CHUNKS = 64
-_MIN_ROWS_PER_CHUNK = 64
-_PARTIALS_BYTES = 16 << 20
-# Fewer rows than two such chunks are still cut in two when there are this
-# many rows and elements, so that two threads can share them (docs/
-# performance.md, "Few long rows").  Each chunk costs passes over partial
-# rows of D doubles: chunks of 8 rows cost one thread 9-19%.
-_SPLIT_MIN_ROWS = 32
-_SPLIT_MIN_ELEMENTS = 1 << 17
-
 
 def _cache_limit_from_env():
     text = os.environ.get("LNFAST_CACHE_BYTES")
@@ -43,14 +29,14 @@ def _cache_limit_from_env():
     return limit
 
 
-_cpu.set_cache_limit(_cache_limit_from_env())
-_CACHE_MIN = _cpu.cache_info()[2]
+_pool.set_cache_limit(_cache_limit_from_env())
+_CACHE_MIN = _pool.MIN_BYTES
 
 
 def empty_cache():
     """Return the cached output buffers (and the cached stand-in weight
     vectors) to the system (see docs/api.md)."""
-    _cpu.clear_cache()
+    _pool.clear_cache()
     _cpu.drop_constants()
 
 
@@ -58,7 +44,7 @@ def _empty(shape, dtype, nbytes=None):
     """An output array (of `nbytes` bytes, when the caller knows); large
     ones reuse buffers of dead lnfast outputs."""
     if (math.prod(shape) * dtype.itemsize if nbytes is None else nbytes) >= _CACHE_MIN:
-        return _cpu.empty(shape, dtype)
+        return _pool.empty(shape, dtype)
     return np.empty(shape, dtype)
 
 
@@ -117,14 +103,9 @@ def _writes_safely(o, x, others):
     return not any(a is not None and np.may_share_memory(o, a) for a in others)
 
 
-@functools.lru_cache(maxsize=256)     # (0.35 us of Python arithmetic otherwise)
-def num_chunks(M, D):
-    """How many fixed row chunks the backward pass sums dweight/dbias over."""
-    by_rows = -(-M // _MIN_ROWS_PER_CHUNK)
-    if by_rows == 1 and M >= _SPLIT_MIN_ROWS and M * D >= _SPLIT_MIN_ELEMENTS:
-        by_rows = 2
-    by_bytes = max(1, _PARTIALS_BYTES // (16 * D))
-    return max(1, min(_MAX_CHUNKS, by_rows, by_bytes))
+# How many fixed row chunks the backward pass sums dweight/dbias over: a
+# function of the shape only (cpu/config.h).
+num_chunks = _cpu.num_chunks
 
 
 # The common call (NumPy arrays, contiguous data, weight and bias None or of
@@ -184,4 +165,4 @@ def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
 
 
 backward_common = functools.partial(_cpu.backward_common, threads_for,
-                                    PARALLEL_MIN_ELEMENTS_BACKWARD, num_chunks)
+                                    PARALLEL_MIN_ELEMENTS_BACKWARD)

@@ -19,9 +19,10 @@
 #include <vector>
 #include <ucontext.h>
 
-#define LNF_DISPATCH
-#define LNF_HAVE_DISPATCH 0
-#include "halfconv.h"
+// (the CPU kernels' scalar conversions only: no vectors, no dispatch)
+#define LNFAST_NO_VECTOR
+#define LNFAST_NO_DISPATCH
+#include "cpu/halfconv.h"
 
 struct __half { uint16_t x; };
 struct __nv_bfloat16 { uint16_t x; };

@@ -1,40 +1,61 @@
-/* Row sweeps of the CPU kernels: the inner loops.
+/* The row operations of one storage type and one instruction set: the
+ * innermost loops of the CPU kernels.
  *
- * This file is a template: rowops_all.h includes it once per element type
- * and instruction set.  For a family of instances it defines LNF_T (float
- * or double), LNF_DOUBLE (1 when LNF_T is double), LNF_S (the storage type)
- * and LNF_STORAGE16 (0, or 1 for 16-bit storage, with its conversions
- * LNF_TO_F32 and LNF_FROM_F32 for one value); for each instance
- * LNF_SUFFIX, LNF_ATTR (the function attributes), LNF_VB (its vector width
- * in bytes: 64, 32 or 16) and, for 16-bit storage, LNF_VWIDEN and
- * LNF_VNARROW (one vector's values) and optionally LNF_VNARROW2 (two
- * vectors' values).  The instance's settings are undefined at the end.
- * The Cython drivers in _cpu.pyx call one sweep per row: lnf_row_pipe
- * (forward) and lnf_row_grad_pipe (backward), each the map of one row
- * together with the sums of the next.
+ * A template: each rows_<type>_<isa>.c unit defines its settings and
+ * includes this once, which defines the unit's table of row operations,
+ * lnf_ops_<LNF_NAME> (kernels.h).  Settings: LNF_NAME; LNF_T (float or
+ * double, the compute type), LNF_DOUBLE (1 when LNF_T is double), LNF_S
+ * (the storage type) and LNF_STORAGE16 (1 for 16-bit storage, with its
+ * conversions LNF_TO_F32 and LNF_FROM_F32 for one value, LNF_VWIDEN and
+ * LNF_VNARROW for one vector's values and optionally LNF_VNARROW2 for two
+ * vectors'); LNF_ATTR (the functions' target attribute) and LNF_VB (the
+ * vector width in bytes: 64, 32 or 16).
+ *
+ * Each operation is one sweep over a row's columns (dispatch.c picks the
+ * build; the drivers in forward.c and backward.c call them):
+ *   sums           the sums of a row (LayerNorm: about a shift)
+ *   map            the forward map of a row
+ *   map_sums       the map of a row and the sums of the next, in one sweep
+ *   grad_sums      the backward sums of a row
+ *   grad_map       the backward map of a row (dx, dweight/dbias terms)
+ *   grad_map_sums  the backward map of a row and the sums of the next
+ * The *_sums pairs keep memory busy: the next row streams in while this
+ * one is written.  Sums do not depend on whether a map ran alongside.
  *
  * Sums run in LNF_LANES float64 lanes, fed in blocks: lane k first adds up
  * LNF_BLOCK elements k, k + LANES, k + 2 LANES, ... in LNF_T, in order, and
  * the block sum is widened and added to the lane.  One conversion per block
- * instead of one per element keeps float32 rows near memory speed; a block sum
- * of four float32 terms costs about one float32 rounding of a term, far
+ * instead of one per element keeps float32 rows near memory speed; a block
+ * sum of four float32 terms costs about one float32 rounding of a term, far
  * below the output's own rounding.  float32 arithmetic adds LNF_SUPER
  * blocks' sums in float32 (from 0, in block order) before each widening,
- * the last group possibly shorter: a quarter of the conversions, which
- * made the 16-bit forward 6-8% faster at 8192x1024 and 4096x4096 (the
- * float32 rows' rstd stays within 1.6 ulp).  After the full blocks,
- * single vectors are blocks of one; the n % LANES tail is summed on its
- * own and added last, after the lanes are folded pairwise.  The GCC/clang vector code of
- * every width and the plain C fallback follow exactly this order, so every
- * build and every instruction set gives the same bits.
+ * the last group possibly shorter: a quarter of the conversions (the
+ * float32 rows' rstd stays within 1.6 ulp).  After the full blocks, single
+ * vectors are blocks of one; the n % LANES tail is summed on its own and
+ * added last, after the lanes are folded pairwise.  The GCC/clang vector
+ * code of every width and the plain C fallback follow exactly this order,
+ * so every build and every instruction set gives the same bits.
  */
+#if !defined(LNF_NAME) || !defined(LNF_T) || !defined(LNF_S) || !defined(LNF_DOUBLE) \
+    || !defined(LNF_STORAGE16) || !defined(LNF_ATTR) || !defined(LNF_VB)
+#error "rowops.h: a rows_*.c unit defines LNF_NAME, LNF_T, LNF_S, LNF_DOUBLE, LNF_STORAGE16, LNF_ATTR and LNF_VB first"
+#endif
+#if LNF_STORAGE16 && !(defined(LNF_TO_F32) && defined(LNF_FROM_F32) \
+                       && (!LNF_VECTOR || (defined(LNF_VWIDEN) && defined(LNF_VNARROW))))
+#error "rowops.h: 16-bit storage needs LNF_TO_F32, LNF_FROM_F32, LNF_VWIDEN and LNF_VNARROW"
+#endif
+#ifdef LNFAST_ROWOPS_H
+#error "rowops.h: one instance per unit"
+#endif
+#define LNFAST_ROWOPS_H
+
+#include "kernels.h"
+
 #define LNF_CAT_(a, b) a##_##b
 #define LNF_CAT(a, b) LNF_CAT_(a, b)
-#define LNF_FN(name) LNF_CAT(name, LNF_SUFFIX)
 #define LNF_STEP (LNF_LANES * LNF_BLOCK)
-/* Blocks summed in float32 before each widening (below). */
 #if !LNF_DOUBLE
-#define LNF_SUPER 4
+#define LNF_SUPER LNF_SUPER_F32
 #else
 #define LNF_SUPER 1
 #endif
@@ -55,12 +76,12 @@
  * stored without alignment requirements; the float64 lanes are LNF_ND
  * vectors of LNF_VB bytes.  Macros, not functions: vectors may not cross a
  * call in the baseline (SSE2) build. */
-typedef LNF_T LNF_CAT(lnf_v, LNF_SUFFIX) __attribute__((vector_size(LNF_VB)));
-typedef double LNF_CAT(lnf_d, LNF_SUFFIX) __attribute__((vector_size(LNF_VB)));
-typedef double LNF_CAT(lnf_dd, LNF_SUFFIX) __attribute__((vector_size(2 * LNF_VB)));
-#define LNF_VT LNF_CAT(lnf_v, LNF_SUFFIX)
-#define LNF_VD LNF_CAT(lnf_d, LNF_SUFFIX)
-#define LNF_VDD LNF_CAT(lnf_dd, LNF_SUFFIX)
+typedef LNF_T lnf_vt __attribute__((vector_size(LNF_VB)));
+typedef double lnf_vd __attribute__((vector_size(LNF_VB)));
+typedef double lnf_vdd __attribute__((vector_size(2 * LNF_VB)));
+#define LNF_VT lnf_vt
+#define LNF_VD lnf_vd
+#define LNF_VDD lnf_vdd
 #define LNF_VE ((ptrdiff_t)(LNF_VB / sizeof(LNF_T)))
 #define LNF_NV (LNF_LANES / (int)LNF_VE)
 #define LNF_ND (LNF_LANES * 8 / LNF_VB)
@@ -75,8 +96,8 @@ typedef double LNF_CAT(lnf_dd, LNF_SUFFIX) __attribute__((vector_size(2 * LNF_VB
 #define LNF_STORES(p, v) LNF_STORE(p, v)
 #define LNF_ROUND(v) (v)
 #else
-typedef uint16_t LNF_CAT(lnf_h, LNF_SUFFIX) __attribute__((vector_size(LNF_VB / 2)));
-#define LNF_VH LNF_CAT(lnf_h, LNF_SUFFIX)       /* one vector's 16-bit values */
+typedef uint16_t lnf_vh __attribute__((vector_size(LNF_VB / 2)));
+#define LNF_VH lnf_vh       /* one vector's 16-bit values */
 #define LNF_LOADS(p) ({ LNF_VH h_; memcpy(&h_, (p), sizeof h_); LNF_VWIDEN(h_); })
 #define LNF_STORES(p, v) do { LNF_VH h_ = LNF_VNARROW(v); memcpy((p), &h_, sizeof h_); } while (0)
 #define LNF_ROUND(v) LNF_VWIDEN(LNF_VNARROW(v))
@@ -98,9 +119,9 @@ typedef uint16_t LNF_CAT(lnf_h, LNF_SUFFIX) __attribute__((vector_size(LNF_VB / 
  * streaming stores of the same bytes (16-byte pieces), which bypass the
  * caches and need no read for ownership: for long rows, where the output
  * row would push the rows still to be read out of the L2.  float32 and
- * float64 outputs only (STREAM_ROW_BYTES in _cpu.pyx). */
+ * float64 outputs only (LNF_STREAM_ROW_BYTES). */
 #if LNF_CAN_STREAM && !LNF_STORAGE16
-#define LNF_STREAM(p, v)                                                          \
+#define LNF_NTSTORE(p, v)                                                          \
     do {                                                                          \
         LNF_VT v_ = (v);                                                          \
         lnf_vi128 q_[sizeof v_ / 16];                                             \
@@ -108,7 +129,7 @@ typedef uint16_t LNF_CAT(lnf_h, LNF_SUFFIX) __attribute__((vector_size(LNF_VB / 
         for (size_t k_ = 0; k_ < sizeof v_ / 16; k_++)                            \
             _mm_stream_si128((__m128i *)(void *)(p) + k_, (__m128i)q_[k_]);       \
     } while (0)
-#define LNF_OUT(p, v, nt) do { if (nt) LNF_STREAM(p, v); else LNF_STORES(p, v); } while (0)
+#define LNF_OUT(p, v, nt) do { if (nt) LNF_NTSTORE(p, v); else LNF_STORES(p, v); } while (0)
 #define LNF_OUTW(p, v, nt) LNF_OUT(p, (v)[0], nt)    /* (LNF_MAPW is 1) */
 #else
 #define LNF_OUT(p, v, nt) LNF_STORES(p, v)
@@ -203,11 +224,19 @@ _Static_assert(LNF_LANES == 16, "LNF_FOLD spells out lnf_fold for 16 lanes");
         LNF_FOLD1((acc)[0]);                                                      \
     })
 #else
+/* Pairwise fold of the lanes: halves added in place, in a fixed order. */
+static inline double lnf_fold(double *s)
+{
+    for (int h = LNF_LANES / 2; h > 0; h /= 2)
+        for (int k = 0; k < h; k++)
+            s[k] += s[k + h];
+    return s[0];
+}
 #define LNF_FOLD(s, acc) lnf_fold(s)
 #endif
 
-/* The forward pass over one row's columns, doing up to two things in one
- * sweep (the software pipeline of the forward driver):
+/* The forward sweep over one row's columns, doing up to two things (the
+ * named operations below pass NULL for what they leave out):
  *
  * - the map of a row (x != NULL):  y = ((x - hi) - lo) * rs * w + b, or
  *   y = x * rs * w when b is NULL (RMSNorm).  y may be x itself.
@@ -218,22 +247,17 @@ _Static_assert(LNF_LANES == 16, "LNF_FOLD spells out lnf_fold for 16 lanes");
  *   s[2] = shift: 0 when centered is 0 (RMSNorm), the row's first value
  *   when 1, `hi` when 2 (a second look at a row, x NULL and rn NULL).
  *
- * Doing both at once keeps memory busy: the next row streams in while this
- * one is written, rather than each row's read waiting on its own write.
  * With `stream` set, y is written with streaming stores (LNF_OUT) where it
  * starts on 16 bytes.
  * shift is a member of the row, so differences of close values are exact;
  * the caller sums a row again about its mean where the first value lay
  * far from it, and redoes in float64 the rare rows whose squares could
- * overflow or underflow LNF_T.  Sums do not depend on whether a map ran
- * alongside. */
-LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
-                                              const LNF_T *__restrict w,
-                                              const LNF_T *__restrict b, LNF_T hi, LNF_T lo,
-                                              LNF_T rs, const LNF_S *xn, const LNF_S *rn,
-                                              LNF_S *zn, int centered, double *s,
-                                              ptrdiff_t n, const LNF_S *xf, const LNF_S *rf,
-                                              int stream)
+ * overflow or underflow LNF_T. */
+LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict w,
+                              const LNF_T *__restrict b, LNF_T hi, LNF_T lo, LNF_T rs,
+                              const LNF_S *xn, const LNF_S *rn, LNF_S *zn, int centered,
+                              double *s, ptrdiff_t n, const LNF_S *xf, const LNF_S *rf,
+                              int stream)
 {
     double t1 = 0.0, t2 = 0.0;
 #if !LNF_VECTOR
@@ -404,8 +428,8 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
     }
 }
 
-/* The backward pass over one row's columns, doing up to two things in one
- * sweep, as lnf_row_pipe does for the forward pass:
+/* The backward sweep over one row's columns, doing up to two things in one
+ * sweep, as pipe does for the forward pass:
  *
  * - the map of a row (x != NULL), with its scalars k = {mean, c, rstd, mg,
  *   mgx} (see the driver):
@@ -413,27 +437,24 @@ LNF_ATTR static void LNF_FN(lnf_row_pipe)(const LNF_S *x, LNF_S *y,
  *     dx   = rstd * ((dy * w - mg) - xhat * mgx)   (+ dz when dz is not NULL)
  *   and dy * xhat (formed in LNF_T) and dy added to dw and db, rows of
  *   LNF_T (db may be NULL: RMSNorm).  The driver adds float32 dw/db into
- *   float64 rows every few rows (_cpu.pyx, RUN_ROWS).
+ *   float64 rows every few rows (LNF_RUN_ROWS).
  * - the sums of the next row (xn != NULL), every term in LNF_T with
  *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
  *   float64 lanes fed in blocks.
- * With `stream` & 1, dx is written with streaming stores, as y above,
+ * With `stream` & LNF_STREAMED, dx is written with streaming stores, as y above,
  * fenced at the end unless `stream` & LNF_STREAM_NOFENCE (the caller then
  * calls lnf_stream_fence). */
-LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
-                                                   const LNF_S *dz, LNF_S *dx,
-                                                   const LNF_T *k, LNF_T *__restrict dw,
-                                                   LNF_T *__restrict db, const LNF_S *xn,
-                                                   const LNF_S *dyn, LNF_T mean_n,
-                                                   double *out, const LNF_T *__restrict w,
-                                                   ptrdiff_t n, const LNF_S *xf,
-                                                   const LNF_S *dyf, int stream)
+LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S *dz,
+                                   LNF_S *dx, const LNF_T *k, LNF_T *__restrict dw,
+                                   LNF_T *__restrict db, const LNF_S *xn, const LNF_S *dyn,
+                                   LNF_T mean_n, double *out, const LNF_T *__restrict w,
+                                   ptrdiff_t n, const LNF_S *xf, const LNF_S *dyf, int stream)
 {
     double td = 0.0, tg = 0.0, tgd = 0.0;
 #if !LNF_VECTOR
     double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
 #endif
-    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && (stream & 1) && x != NULL
+    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && (stream & LNF_STREAMED) && x != NULL
                    && (uintptr_t)dx % 16 == 0;
     (void)nt;   /* (unused by the plain C loops) */
     LNF_T k0 = 0, k1 = 0, k2 = 0, k3 = 0, k4 = 0;
@@ -605,42 +626,62 @@ LNF_ATTR static void LNF_FN(lnf_row_grad_pipe)(const LNF_S *x, const LNF_S *dy,
     }
 }
 
-#undef LNF_VT
-#undef LNF_VD
-#undef LNF_VDD
-#undef LNF_VH
-#undef LNF_VE
-#undef LNF_NV
-#undef LNF_ND
-#undef LNF_HALF
-#undef LNF_FOLD1
-#undef LNF_VB
-#undef LNF_LOADS
-#undef LNF_STORES
-#undef LNF_STORESW
-#undef LNF_STREAM
-#undef LNF_OUT
-#undef LNF_OUTW
-#undef LNF_MAPW
-#undef LNF_ROUND
-#undef LNF_GET
-#undef LNF_PUT
-#undef LNF_LOAD
-#undef LNF_STORE
-#undef LNF_SPLAT
-#undef LNF_ACC
-#undef LNF_ACC_MEM
-#undef LNF_ZERO
-#undef LNF_AHEAD
-#undef LNF_PREFETCH_OUT
-#undef LNF_FOLD
-#undef LNF_STEP
-#undef LNF_SUPER
-#undef LNF_FN
-#undef LNF_CAT
-#undef LNF_CAT_
-#undef LNF_SUFFIX
-#undef LNF_ATTR
-#undef LNF_VWIDEN
-#undef LNF_VNARROW
-#undef LNF_VNARROW2
+
+/* The named operations, with the signatures of lnf_row_ops (kernels.h):
+ * array arguments in the storage type (x, y, ...) or the compute type (w,
+ * b, k, dw, db), scalars as double (exact: they are values of LNF_T). */
+#define S_(p) ((const LNF_S *)(p))
+#define T_(p) ((const LNF_T *)(p))
+LNF_ATTR static void row_sums(const void *x, const void *r, void *z, int centered,
+                              double shift, double *s, ptrdiff_t n, const void *xf,
+                              const void *rf)
+{
+    pipe(NULL, NULL, NULL, NULL, (LNF_T)shift, 0, 0, S_(x), S_(r), (LNF_S *)z, centered, s, n,
+         S_(xf), S_(rf), 0);
+}
+
+LNF_ATTR static void row_map(const void *x, void *y, const void *w, const void *b,
+                             const void *k, ptrdiff_t n, int stream)
+{
+    pipe(S_(x), (LNF_S *)y, T_(w), T_(b), T_(k)[0], T_(k)[1], T_(k)[2], NULL, NULL, NULL, 0,
+         NULL, n, NULL, NULL, stream);
+}
+
+LNF_ATTR static void row_map_sums(const void *x, void *y, const void *w, const void *b,
+                                  const void *k, const void *xn, const void *rn, void *zn,
+                                  int centered, double *s, ptrdiff_t n, const void *xf,
+                                  const void *rf, int stream)
+{
+    pipe(S_(x), (LNF_S *)y, T_(w), T_(b), T_(k)[0], T_(k)[1], T_(k)[2], S_(xn), S_(rn),
+         (LNF_S *)zn, centered, s, n, S_(xf), S_(rf), stream);
+}
+
+LNF_ATTR static void grad_sums(const void *x, const void *dy, const void *w, double mean,
+                               double *s, ptrdiff_t n, const void *xf, const void *dyf)
+{
+    grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, S_(x), S_(dy), (LNF_T)mean, s, T_(w),
+              n, S_(xf), S_(dyf), 0);
+}
+
+LNF_ATTR static void grad_map(const void *x, const void *dy, const void *dz, void *dx,
+                              const void *k, void *dw, void *db, const void *w, ptrdiff_t n,
+                              int stream)
+{
+    grad_pipe(S_(x), S_(dy), S_(dz), (LNF_S *)dx, T_(k), (LNF_T *)dw, (LNF_T *)db, NULL, NULL,
+              0, NULL, T_(w), n, NULL, NULL, stream);
+}
+
+LNF_ATTR static void grad_map_sums(const void *x, const void *dy, const void *dz, void *dx,
+                                   const void *k, void *dw, void *db, const void *w,
+                                   const void *xn, const void *dyn, double mean_n, double *s,
+                                   ptrdiff_t n, const void *xf, const void *dyf, int stream)
+{
+    grad_pipe(S_(x), S_(dy), S_(dz), (LNF_S *)dx, T_(k), (LNF_T *)dw, (LNF_T *)db, S_(xn),
+              S_(dyn), (LNF_T)mean_n, s, T_(w), n, S_(xf), S_(dyf), stream);
+}
+#undef S_
+#undef T_
+
+const lnf_row_ops LNF_CAT(lnf_ops, LNF_NAME) = {
+    row_sums, row_map, row_map_sums, grad_sums, grad_map, grad_map_sums,
+};

@@ -3,19 +3,17 @@
  * kept, NaN stays NaN: quieted, its payload truncated, as the F16C
  * instructions do, so every path gives the same bits).
  *
- * The portable versions use integer operations only, so they vectorize at
- * every SIMD level (and LNF_DISPATCH compiles them for AVX2 and AVX-512).
- * On x86-64 CPUs with F16C the float16 rows go through the conversion
- * instructions instead, chosen once at run time; on aarch64 both types go
- * through NEON code (float16 through its conversion instructions, part of
- * every such CPU).  All give the same bits.
- * A strided row (stride in bytes != 2) takes the scalar path.
+ * One value at a time (the scalar code, which every other path matches),
+ * and one vector at a time for the row operations of each instruction set
+ * (rows_*.c): integer operations at the baseline, F16C instructions for
+ * float16 with AVX2 and AVX-512, AVX-512 and AVX2 integer instructions or
+ * AVX512-BF16 for bfloat16, NEON on aarch64.  Whole rows: convert.c.
+ * All give the same bits.
  */
 #ifndef LNFAST_HALFCONV_H
 #define LNFAST_HALFCONV_H
 
-#include <stdint.h>
-#include <string.h>
+#include "simd.h"
 
 static inline uint32_t lnf_bits(float f)
 {
@@ -93,23 +91,6 @@ static inline float lnf_f64_to_f32_odd(double v)
     return f;
 }
 
-/* lnf_f64_to_f32_odd of n values, with selects for the branches so that
- * it vectorizes: the backward's float64 sums of 16-bit dweight/dbias on
- * their way to the row narrowing.  Value by value, the test of |f| > |v|
- * went either way at random: 32 of the 46 us of a 1x8192 bfloat16 backward
- * with bfloat16 weights. */
-LNF_DISPATCH static void lnf_f64_to_f32_odd_row(const double *__restrict src,
-                                                float *__restrict dst, ptrdiff_t n)
-{
-    for (ptrdiff_t i = 0; i < n; i++) {
-        double v = src[i];
-        float f = (float)v;
-        uint32_t inexact = ((double)f != v) & (f == f);
-        uint32_t away = __builtin_fabs((double)f) > __builtin_fabs(v);
-        dst[i] = lnf_float((lnf_bits(f) - (inexact & away)) | inexact);
-    }
-}
-
 #if LNF_VECTOR
 /* The same conversions on 4 values at once, for the baseline row sweeps
  * (SSE2; NEON when tests ask for the portable code). */
@@ -157,7 +138,7 @@ static inline __attribute__((always_inline)) lnf_vh4 lnf_vnarrow_f16(lnf_vf4 v)
 #undef LNF_VSPLAT
 #undef LNF_VSELECT
 
-#if defined(__aarch64__)
+#if LNF_NEON_UNITS
 /* aarch64: NEON code for both types, four values at a time.  float16 uses
  * the conversion instructions (fcvtl, fcvtn), part of every such CPU, so no
  * dispatch is needed; bfloat16 the portable functions' integer arithmetic,
@@ -167,7 +148,6 @@ static inline __attribute__((always_inline)) lnf_vh4 lnf_vnarrow_f16(lnf_vf4 v)
  * mode), overflow to infinity, subnormals kept, NaN quieted with its
  * payload truncated. */
 #include <arm_neon.h>
-#define LNF_A64_SWEEPS 1
 static inline __attribute__((always_inline)) float32x4_t lnf_widen4_f16(uint16x4_t h)
 {
     return vcvt_f32_f16(vreinterpret_f16_u16(h));
@@ -194,34 +174,15 @@ static inline __attribute__((always_inline)) uint16x4_t lnf_narrow4_bf16(float32
     return vbsl_u16(number, rne, nan);
 }
 
-/* 4 values (the sweeps) and rows of contiguous values (the row
- * conversions, with the portable code's scalar tail). */
+/* 4 values, for the row operations. */
 #define LNF_A64_CONVERSIONS(NAME)                                                      \
-    static inline __attribute__((always_inline)) lnf_vf4 lnf_vwiden_##NAME##a64(lnf_vh4 h) \
+    LNF_INLINE lnf_vf4 lnf_vwiden_##NAME##a64(lnf_vh4 h)                               \
     {                                                                                  \
         return (lnf_vf4)lnf_widen4_##NAME((uint16x4_t)h);                              \
     }                                                                                  \
-    static inline __attribute__((always_inline)) lnf_vh4 lnf_vnarrow_##NAME##a64(lnf_vf4 v) \
+    LNF_INLINE lnf_vh4 lnf_vnarrow_##NAME##a64(lnf_vf4 v)                              \
     {                                                                                  \
         return (lnf_vh4)lnf_narrow4_##NAME((float32x4_t)v);                            \
-    }                                                                                  \
-    static void lnf_widen_##NAME##_a64(const char *src, float *__restrict dst, ptrdiff_t n) \
-    {                                                                                  \
-        const uint16_t *s = (const uint16_t *)(const void *)src;                       \
-        ptrdiff_t i = 0;                                                               \
-        for (; i + 4 <= n; i += 4)                                                     \
-            vst1q_f32(dst + i, lnf_widen4_##NAME(vld1_u16(s + i)));                    \
-        for (; i < n; i++)                                                             \
-            dst[i] = lnf_##NAME##_to_f32(s[i]);                                        \
-    }                                                                                  \
-    static void lnf_narrow_##NAME##_a64(const float *__restrict src, char *dst, ptrdiff_t n) \
-    {                                                                                  \
-        uint16_t *d = (uint16_t *)(void *)dst;                                         \
-        ptrdiff_t i = 0;                                                               \
-        for (; i + 4 <= n; i += 4)                                                     \
-            vst1_u16(d + i, lnf_narrow4_##NAME(vld1q_f32(src + i)));                   \
-        for (; i < n; i++)                                                             \
-            d[i] = lnf_f32_to_##NAME(src[i]);                                          \
     }
 LNF_A64_CONVERSIONS(f16)
 LNF_A64_CONVERSIONS(bf16)
@@ -230,7 +191,7 @@ LNF_A64_CONVERSIONS(bf16)
 
 #if LNF_CPU_DISPATCH
 #include <immintrin.h>
-/* Conversions for the sweeps compiled for AVX-512 and AVX2 (rowops_all.h).
+/* Conversions for the row operations built for AVX-512 and AVX2.
  * float16 with F16C: one instruction per 16 (AVX-512) or 8 (AVX2) values. */
 #define LNF_F16C(t) static inline __attribute__((target(t), always_inline))
 #define LNF_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
@@ -273,7 +234,7 @@ LNF_F16C("avx512f") lnf_vh16 lnf_vnarrow_bf16x512(lnf_vf16 v)
     return (lnf_vh16)_mm512_cvtepi32_epi16(r);
 }
 
-#if LNF_BF16_SWEEPS
+#if LNF_BF16_UNITS
 /* bfloat16 on CPUs with AVX512-BF16 (and BW, DQ).  Widening: vpermw with
  * zero masking puts value k in the high half of lane k, one shuffle instead
  * of a widening move and a shift. */
@@ -362,147 +323,5 @@ LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
 #undef LNF_NEAREST
 #endif
 #endif
-
-#ifndef LNF_A64_SWEEPS
-#define LNF_A64_SWEEPS 0
-#endif
-
-/* Row conversions: src or dst rows of 16-bit values with a byte stride. */
-#define LNF_DEFINE_ROW_CONVERSIONS(NAME, TO_F32, FROM_F32)                              \
-    LNF_DISPATCH static void lnf_widen_##NAME##_portable(const char *src, ptrdiff_t stride, \
-                                                         float *__restrict dst,          \
-                                                         ptrdiff_t n)                    \
-    {                                                                                    \
-        if (stride == 2) {                                                               \
-            const uint16_t *s = (const uint16_t *)src;                                   \
-            for (ptrdiff_t i = 0; i < n; i++)                                            \
-                dst[i] = TO_F32(s[i]);                                                   \
-        } else {                                                                         \
-            for (ptrdiff_t i = 0; i < n; i++)                                            \
-                dst[i] = TO_F32(*(const uint16_t *)(src + i * stride));                  \
-        }                                                                                \
-    }                                                                                    \
-    LNF_DISPATCH static void lnf_narrow_##NAME##_portable(const float *__restrict src,     \
-                                                          char *dst, ptrdiff_t stride,   \
-                                                          ptrdiff_t n)                   \
-    {                                                                                    \
-        if (stride == 2) {                                                               \
-            uint16_t *d = (uint16_t *)dst;                                               \
-            for (ptrdiff_t i = 0; i < n; i++)                                            \
-                d[i] = FROM_F32(src[i]);                                                 \
-        } else {                                                                         \
-            for (ptrdiff_t i = 0; i < n; i++)                                            \
-                *(uint16_t *)(dst + i * stride) = FROM_F32(src[i]);                      \
-        }                                                                                \
-    }
-
-LNF_DEFINE_ROW_CONVERSIONS(f16, lnf_f16_to_f32, lnf_f32_to_f16)
-LNF_DEFINE_ROW_CONVERSIONS(bf16, lnf_bf16_to_f32, lnf_f32_to_bf16)
-
-#if LNF_CPU_DISPATCH
-#include <cpuid.h>
-#include <immintrin.h>
-
-/* F16C: 8 values per instruction; the scalar tail uses the portable code. */
-__attribute__((target("avx,f16c"))) static void lnf_widen_f16_f16c(const char *src,
-                                                                    float *__restrict dst,
-                                                                    ptrdiff_t n)
-{
-    ptrdiff_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 2 * i))));
-    for (; i < n; i++)
-        dst[i] = lnf_f16_to_f32(((const uint16_t *)src)[i]);
-}
-
-__attribute__((target("avx,f16c"))) static void lnf_narrow_f16_f16c(const float *__restrict src,
-                                                                     char *dst, ptrdiff_t n)
-{
-    ptrdiff_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + 2 * i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++)
-        ((uint16_t *)dst)[i] = lnf_f32_to_f16(src[i]);
-}
-
-/* F16C and AVX present, and AVX state enabled by the OS (cpuid leaf 1 and
- * xgetbv; __builtin_cpu_supports("f16c") is missing from older clang). */
-static int lnf_has_f16c(void)
-{
-    static int known = -1;              /* idempotent: a race writes the same value */
-    if (known < 0) {
-        unsigned a, b, c, d, lo, hi;
-        int ok = 0;
-        if (__get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1) && (c >> 28 & 1) && (c >> 29 & 1)) {
-            __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-            ok = (lo & 6u) == 6u;       /* XMM and YMM state saved by the OS */
-        }
-        known = ok;
-    }
-    return known;
-}
-#else
-static int lnf_has_f16c(void) { return 0; }
-#endif
-
-/* Which code runs, for tests: 0 the best the CPU has, 1 no AVX512-BF16
- * instructions, 2 no AVX-512, 3 the baseline (portable) code only.  The row
- * sweeps of every type (rowops_all.h) and the 16-bit row conversions. */
-static int lnf_simd_path = 0;
-
-static void lnf_widen_f16(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n)
-{
-#if LNF_CPU_DISPATCH
-    if (stride == 2 && lnf_simd_path < 3 && lnf_has_f16c()) {
-        lnf_widen_f16_f16c(src, dst, n);
-        return;
-    }
-#elif LNF_A64_SWEEPS
-    if (stride == 2 && lnf_simd_path < 3) {
-        lnf_widen_f16_a64(src, dst, n);
-        return;
-    }
-#endif
-    lnf_widen_f16_portable(src, stride, dst, n);
-}
-
-static void lnf_narrow_f16(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n)
-{
-#if LNF_CPU_DISPATCH
-    if (stride == 2 && lnf_simd_path < 3 && lnf_has_f16c()) {
-        lnf_narrow_f16_f16c(src, dst, n);
-        return;
-    }
-#elif LNF_A64_SWEEPS
-    if (stride == 2 && lnf_simd_path < 3) {
-        lnf_narrow_f16_a64(src, dst, n);
-        return;
-    }
-#endif
-    lnf_narrow_f16_portable(src, dst, stride, n);
-}
-
-static void lnf_widen_bf16(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n)
-{
-#if LNF_A64_SWEEPS
-    if (stride == 2 && lnf_simd_path < 3) {
-        lnf_widen_bf16_a64(src, dst, n);
-        return;
-    }
-#endif
-    lnf_widen_bf16_portable(src, stride, dst, n);
-}
-
-static void lnf_narrow_bf16(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n)
-{
-#if LNF_A64_SWEEPS
-    if (stride == 2 && lnf_simd_path < 3) {
-        lnf_narrow_bf16_a64(src, dst, n);
-        return;
-    }
-#endif
-    lnf_narrow_bf16_portable(src, dst, stride, n);
-}
 
 #endif

@@ -1,0 +1,46 @@
+# cython: language_level=3
+"""Output buffers from a cache of large blocks (_pool.h), so that repeated
+calls do not pay the kernel's page faults and zeroing for every output."""
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
+
+cdef extern from "_pool.h":
+    object lnf_pool_capsule()
+    void lnf_pool_set_limit(size_t limit)
+    void lnf_pool_clear()
+    size_t lnf_pool_bytes()
+    size_t lnf_pool_limit()
+    size_t LNF_POOL_MIN
+
+cdef extern from "numpy/arrayobject.h":
+    object PyDataMem_SetHandler(object handler)
+
+# The handler (a capsule); lnfast._cpu allocates through it too.
+handler = lnf_pool_capsule()
+MIN_BYTES = LNF_POOL_MIN
+
+
+def empty(shape, dtype):
+    """numpy.empty(shape, dtype), drawing large buffers from the cache."""
+    old = PyDataMem_SetHandler(handler)
+    try:
+        return np.empty(shape, dtype)
+    finally:
+        PyDataMem_SetHandler(old)
+
+
+def cache_info():
+    """(cached bytes, byte limit, smallest cached block size)."""
+    return lnf_pool_bytes(), lnf_pool_limit(), LNF_POOL_MIN
+
+
+def set_cache_limit(size_t limit):
+    """Keep at most `limit` bytes of freed output buffers (0: none)."""
+    lnf_pool_set_limit(limit)
+
+
+def clear_cache():
+    """Release the cached output buffers; the limit stays."""
+    lnf_pool_clear()

@@ -1,0 +1,28 @@
+/* lnf_array: an array described as rows over its last axis. */
+#include "array.h"
+
+int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_t *shape,
+                   const ptrdiff_t *strides)
+{
+    if (dtype < 0 || dtype >= LNF_NDTYPES || ndim < 1)
+        return LNF_EINVAL;
+    a->base = (char *)base;
+    a->inner = strides[ndim - 1];
+    a->dtype = dtype;
+    a->nd = 0;
+    for (int k = 0; k < ndim - 1; k++) {      /* outermost first; drop unit axes */
+        if (shape[k] == 1)
+            continue;
+        if (a->nd > 0 && a->stride[a->nd - 1] == strides[k] * shape[k]) {
+            a->shape[a->nd - 1] *= shape[k];
+            a->stride[a->nd - 1] = strides[k];
+            continue;
+        }
+        if (a->nd == LNF_MAX_LEAD)
+            return LNF_EINVAL;
+        a->shape[a->nd] = shape[k];
+        a->stride[a->nd] = strides[k];
+        a->nd++;
+    }
+    return LNF_OK;
+}

@@ -1,0 +1,77 @@
+/* Row addressing: row r of an lnf_array, and rows brought into the compute
+ * type (gathered from strides, widened from 16 bits) and back. */
+#ifndef LNFAST_CPU_ARRAY_H
+#define LNFAST_CPU_ARRAY_H
+
+#include "kernels.h"
+#include "lnfast_cpu.h"
+
+static inline char *lnf_row(const lnf_array *m, ptrdiff_t r)
+{
+    ptrdiff_t off = 0;
+    if (m->nd == 1)
+        return m->base + r * m->stride[0];
+    for (int k = m->nd - 1; k >= 0; k--) {
+        off += (r % m->shape[k]) * m->stride[k];
+        r = r / m->shape[k];
+    }
+    return m->base + off;
+}
+
+/* Row r, or NULL when r is end or past it (or `present` is 0). */
+static inline const void *lnf_row_or_null(const lnf_array *m, ptrdiff_t r, ptrdiff_t end,
+                                          int present)
+{
+    return present && r < end ? lnf_row(m, r) : NULL;
+}
+
+/* Whether rows of m are stored in the compute type (float32, float64). */
+static inline int lnf_native(const lnf_array *m)
+{
+    return m->dtype == LNF_FLOAT32 || m->dtype == LNF_FLOAT64;
+}
+
+/* Row r of D elements as a contiguous pointer of the compute type (tsize
+ * bytes): the row itself, or a copy in `buf`. */
+static inline const void *lnf_load_row(const lnf_array *m, ptrdiff_t r, ptrdiff_t D, void *buf,
+                                       size_t tsize)
+{
+    const char *p = lnf_row(m, r);
+    if (!lnf_native(m)) {
+        lnf_kernels_for(m->dtype)->widen(p, m->inner, (float *)buf, D);
+    } else if (m->inner == (ptrdiff_t)tsize) {
+        return p;
+    } else if (tsize == sizeof(float)) {
+        for (ptrdiff_t i = 0; i < D; i++)
+            ((float *)buf)[i] = *(const float *)(const void *)(p + i * m->inner);
+    } else {
+        for (ptrdiff_t i = 0; i < D; i++)
+            ((double *)buf)[i] = *(const double *)(const void *)(p + i * m->inner);
+    }
+    return buf;
+}
+
+/* Copy a finished row from scratch to row r (strided, or 16-bit: rounded
+ * to nearest even, once). */
+static inline void lnf_store_row(const lnf_array *m, ptrdiff_t r, ptrdiff_t D, const void *src,
+                                 size_t tsize)
+{
+    char *p = lnf_row(m, r);
+    if (!lnf_native(m))
+        lnf_kernels_for(m->dtype)->narrow((const float *)src, p, m->inner, D);
+    else if (tsize == sizeof(float))
+        for (ptrdiff_t i = 0; i < D; i++)
+            *(float *)(void *)(p + i * m->inner) = ((const float *)src)[i];
+    else
+        for (ptrdiff_t i = 0; i < D; i++)
+            *(double *)(void *)(p + i * m->inner) = ((const double *)src)[i];
+}
+
+/* Where to compute output row r: in place, or in `buf` (then
+ * lnf_store_row). */
+static inline void *lnf_out_row(const lnf_array *m, ptrdiff_t r, void *buf, size_t tsize)
+{
+    return m->inner == (ptrdiff_t)tsize && lnf_native(m) ? lnf_row(m, r) : buf;
+}
+
+#endif

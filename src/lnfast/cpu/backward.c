@@ -1,0 +1,224 @@
+/* The backward driver: dx row by row and the dweight/dbias reduction.
+ *
+ * Reduction plan (lnf_reduction): rows are cut into nchunks fixed chunks
+ * (lnf_num_chunks: the shape alone decides); each chunk sums its rows'
+ * dweight/dbias terms into float64 partial rows in row order, and the
+ * partial rows are then added in chunk order and rounded once to the
+ * output's dtype: bitwise reproducible for any thread count.  float32
+ * terms are summed in float32 runs of LNF_RUN_ROWS rows first (each run
+ * added into the chunk's partial rows); a call of one run (one chunk of
+ * LNF_RUN_ROWS rows or fewer) rounds it straight to the output.  Threads
+ * take chunks of their own, or, for long rows (LNF_BLOCKED_ROW_BYTES),
+ * every thread takes every chunk, each its share of the columns
+ * (backward_blocks). */
+#include <stdlib.h>
+
+#include "driver.h"
+
+/* Backward rows summed by column blocks (lnf_set_blocked, for tests). */
+static ptrdiff_t blocked_row_bytes = LNF_BLOCKED_ROW_BYTES;
+static ptrdiff_t col_block = LNF_COL_BLOCK;
+
+/* A backward call as the rows see it. */
+typedef struct lnf_bwd {
+    const lnf_backward_args *a;
+    const lnf_kernels *kx;      /* x's storage type (direct rows) */
+    const lnf_kernels *kn;      /* the compute type (gathered rows) */
+    ptrdiff_t col_block;        /* blocked: columns per block */
+    int direct;                 /* all rows contiguous, in x's dtype */
+    int stream;                 /* dx written with streaming stores */
+    int blocked;                /* rows summed by column blocks (backward_blocks) */
+    int one_run;                /* one chunk of one float32 run */
+    int nthreads;
+} lnf_bwd;
+
+/* The reduction plan: where each chunk's partial rows, each thread's
+ * float32 runs and the column blocks' sums live. */
+typedef struct lnf_reduction {
+    ptrdiff_t nchunks;
+    ptrdiff_t stride;           /* doubles from one chunk's partial rows to the next */
+    double *part;               /* the chunks' partial rows (the output itself when in place) */
+    void *runs;                 /* float32 runs, a partial stride per thread */
+    double *sums;               /* blocked: 6 nb doubles of block sums per thread */
+    void *buffer;               /* what was allocated for them */
+} lnf_reduction;
+
+enum { BACKWARD_SCRATCH = 4 };  /* gathered rows per thread: x, dy, dx, dz */
+enum { PARAM_ROWS = 2 };        /* the 16-bit weight, widened per thread */
+
+/* Doubles from one chunk's partial rows (dweight, then dbias) to the
+ * next: whole 64-byte lines, so that every chunk starts on a line. */
+static inline ptrdiff_t partial_stride(ptrdiff_t D)
+{
+    return (2 * D + 7) & ~(ptrdiff_t)7;
+}
+
+/* dw[j] += g[j], then g[j] = 0, for j < n: a float32 run of dweight/dbias
+ * terms added into float64 partial rows.  A chunk's first run (first != 0)
+ * adds to 0.0 instead of reading dw, so its rows need no zeroing.  Element
+ * by element: the same bits on every path. */
+LNF_CLONES static void add_run(double *__restrict dw, float *__restrict g, ptrdiff_t n, int first)
+{
+    for (ptrdiff_t j = 0; j < n; j++) {
+        dw[j] = (first ? 0.0 : dw[j]) + g[j];
+        g[j] = 0.0f;
+    }
+}
+
+/* Add the float64 terms of a chunk's rare rows (sc->grads, columns c0..c1-1
+ * of dweight and dbias) into its partial rows dw, after its last run, and
+ * zero them. */
+static inline void fold_grads(lnf_scratch *sc, double *dw, ptrdiff_t D, ptrdiff_t c0,
+                              ptrdiff_t c1, int centered)
+{
+    if (sc->grads == NULL)
+        return;
+    for (ptrdiff_t j = c0; j < c1; j++) {
+        dw[j] += sc->grads[j];
+        sc->grads[j] = 0.0;
+        if (centered) {
+            dw[D + j] += sc->grads[D + j];
+            sc->grads[D + j] = 0.0;
+        }
+    }
+}
+
+/* out[j] = the sum of part[c stride + j] over chunks c = 0, 1, ... in that
+ * order (formed in part[j]), for j0 <= j < j1, rounded once to `dtype`:
+ * chunk-outer, so the inner loops are contiguous. */
+static void sum_partials(double *part, ptrdiff_t nchunks, ptrdiff_t stride, ptrdiff_t j0,
+                         ptrdiff_t j1, void *out, int dtype)
+{
+    for (ptrdiff_t c = 1; c < nchunks; c++)
+        for (ptrdiff_t j = j0; j < j1; j++)
+            part[j] += part[c * stride + j];
+    if (dtype == LNF_FLOAT64) {
+        memcpy((double *)out + j0, part + j0, (size_t)(j1 - j0) * sizeof(double));
+    } else if (dtype == LNF_FLOAT32) {
+        for (ptrdiff_t j = j0; j < j1; j++)
+            ((float *)out)[j] = (float)part[j];
+    } else {    /* (through float32 rounded to odd: rounded once) */
+        float odd[LNF_SUM_BLOCK];
+        for (ptrdiff_t j = j0, n; j < j1; j += n) {
+            n = LNF_MIN((ptrdiff_t)LNF_SUM_BLOCK, j1 - j);
+            lnf_f64_to_f32_odd_row(part + j, odd, n);
+            lnf_kernels_for(dtype)->narrow(odd, (char *)((uint16_t *)out + j), 2, n);
+        }
+    }
+}
+
+/* out = the float32 sums g of a call's only run, rounded once to `dtype`:
+ * the same bits as through the float64 partial rows, which hold g exactly. */
+static void round_run(const float *g, ptrdiff_t width, void *out, int dtype)
+{
+    if (dtype == LNF_FLOAT64)
+        for (ptrdiff_t j = 0; j < width; j++)
+            ((double *)out)[j] = g[j];
+    else if (dtype == LNF_FLOAT32)
+        memcpy(out, g, (size_t)width * sizeof(float));
+    else
+        lnf_kernels_for(dtype)->narrow(g, (char *)out, 2, width);
+}
+
+#define REAL float
+#define REAL_F64 0
+#include "backward_rows.h"
+#undef REAL
+#undef REAL_F64
+
+#define REAL double
+#define REAL_F64 1
+#include "backward_rows.h"
+#undef REAL
+#undef REAL_F64
+
+ptrdiff_t lnf_num_chunks(ptrdiff_t M, ptrdiff_t D)
+{
+    ptrdiff_t by_rows = (M + LNF_MIN_ROWS_PER_CHUNK - 1) / LNF_MIN_ROWS_PER_CHUNK;
+    if (by_rows == 1 && M >= LNF_SPLIT_MIN_ROWS && M * D >= LNF_SPLIT_MIN_ELEMENTS)
+        by_rows = 2;
+    ptrdiff_t by_bytes = LNF_MAX(1, LNF_PARTIALS_BYTES / (16 * LNF_MAX(D, 1)));
+    return LNF_MAX(1, LNF_MIN(LNF_MAX_CHUNKS, LNF_MIN(by_rows, by_bytes)));
+}
+
+int lnf_set_blocked(ptrdiff_t row_bytes, ptrdiff_t block, ptrdiff_t old[2])
+{
+    if (row_bytes < 0 || block < 1)
+        return LNF_EINVAL;
+    if (old != NULL)
+        old[0] = blocked_row_bytes, old[1] = col_block;
+    blocked_row_bytes = row_bytes;
+    col_block = block;
+    return LNF_OK;
+}
+
+/* Lay out the reduction of a call (b: its settings so far).  The partial
+ * rows start on a 64-byte line: the sweep loads and stores them 64 bytes
+ * at a time.  One float64 chunk is summed in the output itself when that
+ * is aligned, or when its few rows would not win back a buffer of their
+ * own. */
+static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks, int f32)
+{
+    const lnf_backward_args *a = b->a;
+    ptrdiff_t stride = partial_stride(a->D), nsums = 0;
+    int in_place = nchunks == 1 && a->dwdb_dtype == LNF_FLOAT64
+                   && ((uintptr_t)a->dwdb % 64 == 0 || a->M < LNF_IN_PLACE_MAX_ROWS);
+    if (b->blocked)
+        nsums = 6 * ((a->D + b->col_block - 1) / b->col_block) * b->nthreads;
+    ptrdiff_t nruns = f32 ? stride * b->nthreads : 0;
+    ptrdiff_t npart = in_place || b->one_run ? 0 : stride * nchunks;
+    p->nchunks = nchunks;
+    p->stride = stride;
+    p->buffer = NULL;
+    if (npart + nruns + nsums > 0
+        && (p->buffer = lnf_malloc_aligned((size_t)(npart + nruns + nsums) * sizeof(double)))
+               == NULL)
+        return LNF_ENOMEM;
+    double *base = p->buffer;
+    p->part = b->one_run ? NULL : in_place ? (double *)a->dwdb : base;
+    p->runs = base + npart;
+    p->sums = base + npart + nruns;
+    return LNF_OK;
+}
+
+int lnf_backward(const lnf_backward_args *a)
+{
+    int f32 = a->weight.dtype != LNF_FLOAT64;
+    if (a->D < 1 || a->M < 0 || a->nchunks < 0 || a->dwdb_dtype < 0
+        || a->dwdb_dtype >= LNF_NDTYPES || (f32 && a->x.dtype == LNF_FLOAT64)
+        || (!f32 && a->x.dtype != LNF_FLOAT64))
+        return LNF_EINVAL;
+    ptrdiff_t half = a->D * lnf_itemsize(a->dwdb_dtype);
+    if (a->M == 0) {
+        memset(a->dwdb, 0, 2 * (size_t)half);
+        return LNF_OK;
+    }
+    ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
+    const lnf_array *rows[4] = {&a->x, &a->dy, &a->dx, a->has_dz ? &a->dz : NULL};
+    lnf_bwd b = {a, lnf_kernels_for(a->x.dtype), lnf_kernels_for(f32 ? LNF_FLOAT32 : LNF_FLOAT64),
+                 col_block, 0, 0, 0, 0, 1};
+    b.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, nchunks));
+    b.direct = lnf_all_direct(rows, 4);
+    b.stream = b.direct && lnf_streamed(a->D, lnf_itemsize(a->dx.dtype),
+                                        a->M * a->D * lnf_itemsize(a->dx.dtype));
+    b.blocked = b.direct && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8))
+                                >= blocked_row_bytes;
+    b.one_run = f32 && nchunks == 1 && a->M <= LNF_RUN_ROWS;
+    lnf_reduction p;
+    lnf_scratches s;
+    if (lnf_scratch_begin(&s, b.nthreads, b.direct ? 0 : BACKWARD_SCRATCH,
+                          lnf_native(&a->weight) ? 0 : PARAM_ROWS, a->D, f32 ? 4 : 8) != LNF_OK)
+        return LNF_ENOMEM;
+    if (plan_reduction(&p, &b, nchunks, f32) != LNF_OK) {
+        lnf_scratch_end(&s);
+        return LNF_ENOMEM;
+    }
+    if (!a->centered)   /* (RMSNorm sums no dbias) */
+        memset((char *)a->dwdb + half, 0, (size_t)half);
+    if (f32)
+        backward_rows_f32(&b, &p, s.sc);
+    else
+        backward_rows_f64(&b, &p, s.sc);
+    lnf_free_aligned(p.buffer);
+    return lnf_scratch_end(&s);
+}

@@ -1,0 +1,412 @@
+/* The backward rows, for arithmetic in REAL (float or double; backward.c
+ * includes this once for each).  Functions are named with the suffix _f32
+ * or _f64 (F). */
+#if REAL_F64
+#define F(name) name##_f64
+#else
+#define F(name) name##_f32
+#endif
+
+/* The per-row scalars of the backward map from the row's sums s =
+ * {sum(x - mean), sum(g), sum(g * (x - mean))}, g = dy * w:
+ * k = {mean, c, rstd, mean(g), mean(g * xhat)}; 0 for the rare rows that
+ * backward_exact must redo: float32 rows whose sums came out infinite or
+ * NaN, and rows whose terms g * (x - mean) are tiny on average
+ * (LNF_TINY_TERMS_*), where deviations or dweight terms may be rounded to
+ * subnormals.  Rows where g sums to zero too (dy zero: padding) lose
+ * nothing there and are not redone; rows whose deviations are all zero
+ * (constant rows) are redone unless dy is zero, since a row of a few
+ * subnormal values can sum to exactly zero as well.
+ *
+ * LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+ * RMSNorm (centered 0, mean 0): dx = rstd * (g - xhat * mean(g * xhat)).
+ * The stored mean (rounded to REAL) serves as a shift; the residual
+ * c = mean(x - mean) is recovered in float64, so xhat = (x - mean - c) * rstd
+ * is as accurate as the forward pass even for large common offsets. */
+static inline int F(row_grad_scalars)(const double *s, ptrdiff_t D, int centered, REAL mean,
+                                      REAL rstd, REAL *k)
+{
+    double c = centered ? s[0] / D : 0.0;
+    k[0] = mean;
+    k[1] = (REAL)c;
+    k[2] = rstd;
+    k[3] = centered ? (REAL)(s[1] / D) : 0;                     /* mean(g) */
+    k[4] = (REAL)(rstd * (s[2] - c * s[1]) / D);                /* mean(g * xhat) */
+    double tiny = REAL_F64 ? LNF_TINY_TERMS_F64 : LNF_TINY_TERMS_F32;
+    double all = s[0] + s[1] + s[2];
+    if (!REAL_F64 && !(-1e300 < all && all < 1e300))
+        return 0;
+    return !(fabs(s[2]) < D * tiny && (s[2] != 0.0 || s[1] != 0.0));
+}
+
+/* After the i-th of a chunk's n rows (from 0): add a full or final run of
+ * float32 sums g into dw (and zero g), the first run setting dw, in
+ * columns c0..c1-1 of dweight and dbias (backward_blocks gives each thread
+ * its own).  float64 sums are in dw itself; a call's one run stays in g. */
+static inline void F(end_of_run)(const lnf_bwd *b, REAL *g, double *dw, ptrdiff_t i, ptrdiff_t n,
+                                 ptrdiff_t c0, ptrdiff_t c1)
+{
+    ptrdiff_t D = b->a->D;
+    if (!REAL_F64 && !b->one_run && (i % LNF_RUN_ROWS == LNF_RUN_ROWS - 1 || i == n - 1)) {
+        add_run(dw + c0, (float *)(void *)g + c0, c1 - c0, i < LNF_RUN_ROWS);
+        if (b->a->centered)
+            add_run(dw + D + c0, (float *)(void *)g + D + c0, c1 - c0, i < LNF_RUN_ROWS);
+    }
+}
+
+/* Row r in float64 throughout, for the rows row_grad_scalars turns down.
+ * float32 rows whose sums overflow overflow float32 in the map too (x near
+ * float32's limit, or dy * weight past it), where the true dx and dweight
+ * terms may be finite.  float64 rows whose deviations from the mean are
+ * all below 2**-900 are scaled by 2**1000 first, so that no deviation is
+ * rounded to a subnormal when the mean's residual c is taken off it.  The
+ * dweight/dbias terms of float32 arithmetic are added in float64
+ * (sc->grads, fold_grads), not rounded to float32: a subnormal float32
+ * term keeps few digits.  Rows are gathered into the thread's rows (4)
+ * where not contiguous in the compute type; dx is rounded once (16-bit dx:
+ * then to 16 bits, as the forward's row_exact). */
+static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
+                              const REAL *rstd, ptrdiff_t r, REAL *g, lnf_scratch *sc)
+{
+    const lnf_backward_args *a = b->a;
+    ptrdiff_t D = a->D;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0;
+    double m = a->centered ? mean[r] : 0.0;
+    double rs = rstd[r], c, mg, mgx, xh, d, gi, big = 0.0, up = 1.0;
+    REAL *buf = sc->rows;
+    double *grads = NULL;
+    if (b->direct && !lnf_native(&a->x)) {
+        buf = lnf_rare_rows(sc, 4 * (size_t)D * sizeof(REAL));
+        if (buf == NULL)
+            return;
+    }
+    if (!REAL_F64) {
+        grads = lnf_rare_grads(sc, D);
+        if (grads == NULL)
+            return;
+    }
+    REAL *dxbuf = buf != NULL ? buf + 2 * D : NULL;
+    const REAL *xr = lnf_load_row(&a->x, r, D, buf, sizeof(REAL));
+    const REAL *dyr = lnf_load_row(&a->dy, r, D, buf != NULL ? buf + D : NULL, sizeof(REAL));
+    REAL *dxr = lnf_out_row(&a->dx, r, dxbuf, sizeof(REAL));
+    const REAL *dzr = a->has_dz ? lnf_load_row(&a->dz, r, D, buf != NULL ? buf + 3 * D : NULL,
+                                               sizeof(REAL))
+                                : NULL;
+    if (REAL_F64) {
+        for (ptrdiff_t i = 0; i < D; i++) {
+            d = fabs(xr[i] - m);
+            if (big < d && d <= DBL_MAX)
+                big = d;
+        }
+        if (big < ldexp(1.0, -900))
+            up = ldexp(1.0, 1000);
+    }
+    for (ptrdiff_t i = 0; i < D; i++) {
+        d = (xr[i] - m) * up;
+        gi = (double)dyr[i] * w[i];
+        s0 += d;
+        s1 += gi;
+        s2 += gi * d;
+    }
+    c = a->centered ? s0 / D : 0.0;     /* (c, mgx: scaled by up) */
+    mg = a->centered ? s1 / D : 0.0;
+    mgx = rs * (s2 - c * s1) / D;
+    for (ptrdiff_t i = 0; i < D; i++) {
+        xh = ((xr[i] - m) * up - c) * rs;       /* xhat * up */
+        d = rs * (((double)dyr[i] * w[i] - mg) - xh * (mgx / up) / up);
+        if (dzr != NULL)
+            d += dzr[i];
+        dxr[i] = (REAL)d;
+        if (!REAL_F64) {
+            grads[i] += dyr[i] * xh;
+            if (a->centered)
+                grads[D + i] += dyr[i];
+        } else {
+            g[i] += dyr[i] * xh / up;
+            if (a->centered)
+                g[D + i] += dyr[i];
+        }
+    }
+    if (dxr == dxbuf)
+        lnf_store_row(&a->dx, r, D, dxr, sizeof(REAL));
+}
+
+/* Rows r0..r1-1 of direct arrays, in order, software-pipelined as
+ * forward_block: one sweep maps row r (dx, and its terms into g[0:D],
+ * g[D:2D]) and sums row r + 1; the rare rows go to backward_exact. */
+static void F(backward_block)(const lnf_bwd *b, const REAL *w, const REAL *mean,
+                              const REAL *rstd, ptrdiff_t r0, ptrdiff_t r1, double *dw, REAL *g,
+                              lnf_scratch *sc)
+{
+    const lnf_backward_args *a = b->a;
+    const lnf_row_ops *ops = b->kx->ops;
+    ptrdiff_t D = a->D;
+    int c = a->centered;
+    double s[3];
+    REAL k[5];
+    if (r0 >= r1)
+        return;
+    ops->grad_sums(lnf_row(&a->x, r0), lnf_row(&a->dy, r0), w, c ? mean[r0] : 0, s, D, NULL,
+                   NULL);
+    for (ptrdiff_t r = r0; r < r1; r++) {
+        if (!F(row_grad_scalars)(s, D, c, c ? mean[r] : 0, rstd[r], k)) {
+            F(backward_exact)(b, w, mean, rstd, r, g, sc);
+            if (r + 1 < r1)
+                ops->grad_sums(lnf_row(&a->x, r + 1), lnf_row(&a->dy, r + 1), w,
+                               c ? mean[r + 1] : 0, s, D, NULL, NULL);
+        } else {
+            ops->grad_map_sums(lnf_row(&a->x, r), lnf_row(&a->dy, r),
+                               lnf_row_or_null(&a->dz, r, r1, a->has_dz), lnf_row(&a->dx, r), k,
+                               g, c ? g + D : NULL, w, lnf_row_or_null(&a->x, r + 1, r1, 1),
+                               lnf_row_or_null(&a->dy, r + 1, r1, 1),
+                               c && r + 1 < r1 ? mean[r + 1] : 0, s, D,
+                               lnf_row_or_null(&a->x, r + 2, r1, 1),
+                               lnf_row_or_null(&a->dy, r + 2, r1, 1),
+                               b->stream ? LNF_STREAMED : 0);
+        }
+        F(end_of_run)(b, g, dw, r - r0, r1 - r0, 0, D);
+    }
+}
+
+/* Row r of arrays with some rows strided or of another dtype, gathered into
+ * the thread's rows (4: x, dy, dx, dz) and stored back: the arithmetic of
+ * backward_block, one pass after another. */
+static void F(backward_row)(const lnf_bwd *b, const REAL *w, const REAL *mean, const REAL *rstd,
+                            ptrdiff_t r, REAL *g, lnf_scratch *sc)
+{
+    const lnf_backward_args *a = b->a;
+    const lnf_row_ops *ops = b->kn->ops;
+    ptrdiff_t D = a->D;
+    REAL *buf = sc->rows;
+    double s[3];
+    REAL k[5];
+    REAL m = a->centered ? mean[r] : 0;
+    const REAL *xr = lnf_load_row(&a->x, r, D, buf, sizeof(REAL));
+    const REAL *dyr = lnf_load_row(&a->dy, r, D, buf + D, sizeof(REAL));
+    REAL *dxr = lnf_out_row(&a->dx, r, buf + 2 * D, sizeof(REAL));
+    ops->grad_sums(xr, dyr, w, m, s, D, NULL, NULL);
+    if (!F(row_grad_scalars)(s, D, a->centered, m, rstd[r], k)) {
+        F(backward_exact)(b, w, mean, rstd, r, g, sc);
+        return;
+    }
+    ops->grad_map(xr, dyr, a->has_dz ? lnf_load_row(&a->dz, r, D, buf + 3 * D, sizeof(REAL)) : NULL,
+                  dxr, k, g, a->centered ? g + D : NULL, w, D, 0);
+    if (dxr == buf + 2 * D)
+        lnf_store_row(&a->dx, r, D, dxr, sizeof(REAL));
+}
+
+/* Rows r0..r1-1 of a chunk as backward_block does them, by column blocks:
+ * thread t of the nt that share the chunk (nt > 1: all the threads of the
+ * region, which all call this) takes blocks [t nb / nt, (t + 1) nb / nt)
+ * of every row.  One sweep of each block maps row r and sums row r + 1
+ * into sums[3 ((r + 1) % 2 * nb + block)]; with nt > 1 a barrier after
+ * each row publishes them, and every thread adds up a row's blocks in
+ * block order.  g (float32 runs) and dw are shared: each thread adds into
+ * its own columns only.  The rare rows that backward_exact redoes are done
+ * whole by thread 0 between two barriers (every thread sees the same sums,
+ * so all take that branch), with thread 0's scratch sc[0], whose float64
+ * terms each thread folds into its own columns after the chunk's last row.
+ * sc: the scratch of the nt threads. */
+static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mean,
+                               const REAL *rstd, ptrdiff_t r0, ptrdiff_t r1, double *dw, REAL *g,
+                               double *sums, lnf_scratch *sc, int t, int nt)
+{
+    const lnf_backward_args *a = bw->a;
+    const lnf_row_ops *ops = bw->kx->ops;
+    ptrdiff_t D = a->D, cbk = bw->col_block, nb = (D + cbk - 1) / cbk;
+    ptrdiff_t b0 = t * nb / nt, b1 = (t + 1) * nb / nt;
+    ptrdiff_t c0 = b0 * cbk, c1 = LNF_MIN(b1 * cbk, D);
+    ptrdiff_t isz = lnf_native(&a->x) ? (ptrdiff_t)sizeof(REAL) : 2;   /* bytes per stored value */
+    int stream = bw->stream ? (LNF_STREAMED | LNF_STREAM_NOFENCE) : 0;
+    int c = a->centered;
+    double s[3];
+    REAL k[5];
+    for (ptrdiff_t j = c0; j < c1; j++) {   /* (double: g is dw; float: runs set dw) */
+        g[j] = 0;
+        if (c)
+            g[D + j] = 0;
+        if (!REAL_F64 && r0 >= r1) {        /* (an empty chunk adds no run) */
+            dw[j] = 0;
+            if (c)
+                dw[D + j] = 0;
+        }
+    }
+    if (r0 >= r1)
+        return;
+    const char *xn = lnf_row(&a->x, r0), *dyn = lnf_row(&a->dy, r0);
+    for (ptrdiff_t b = b0; b < b1; b++) {
+        ptrdiff_t cb = b * cbk;
+        ops->grad_sums(xn + cb * isz, dyn + cb * isz, w + cb, c ? mean[r0] : 0, sums + 3 * b,
+                       LNF_MIN(cbk, D - cb), NULL, NULL);
+    }
+    if (nt > 1)
+        lnf_barrier();
+    for (ptrdiff_t r = r0; r < r1; r++) {
+        ptrdiff_t slot = (r - r0) % 2 * nb;
+        s[0] = sums[3 * slot];
+        s[1] = sums[3 * slot + 1];
+        s[2] = sums[3 * slot + 2];
+        for (ptrdiff_t b = 1; b < nb; b++) {
+            s[0] += sums[3 * (slot + b)];
+            s[1] += sums[3 * (slot + b) + 1];
+            s[2] += sums[3 * (slot + b) + 2];
+        }
+        int nxt = r + 1 < r1;
+        xn = lnf_row_or_null(&a->x, r + 1, r1, 1);
+        dyn = lnf_row_or_null(&a->dy, r + 1, r1, 1);
+        REAL mn = c && nxt ? mean[r + 1] : 0;
+        slot = (r + 1 - r0) % 2 * nb;
+        if (!F(row_grad_scalars)(s, D, c, c ? mean[r] : 0, rstd[r], k)) {
+            if (nt > 1)
+                lnf_barrier();      /* (every thread is done with the last run) */
+            if (t == 0)
+                F(backward_exact)(bw, w, mean, rstd, r, g, sc);
+            for (ptrdiff_t b = b0; b < b1 && nxt; b++) {
+                ptrdiff_t cb = b * cbk;
+                ops->grad_sums(xn + cb * isz, dyn + cb * isz, w + cb, mn, sums + 3 * (slot + b),
+                               LNF_MIN(cbk, D - cb), NULL, NULL);
+            }
+        } else {
+            const char *xr = lnf_row(&a->x, r), *dyr = lnf_row(&a->dy, r);
+            const char *dzr = lnf_row_or_null(&a->dz, r, r1, a->has_dz);
+            char *dxr = lnf_row(&a->dx, r);
+            for (ptrdiff_t b = b0; b < b1; b++) {
+                ptrdiff_t cb = b * cbk, n = LNF_MIN(cbk, D - cb);
+                const void *dzb = dzr != NULL ? dzr + cb * isz : NULL;
+                REAL *db = c ? g + D + cb : NULL;
+                if (!nxt) {
+                    ops->grad_map(xr + cb * isz, dyr + cb * isz, dzb, dxr + cb * isz, k, g + cb,
+                                  db, w + cb, n, stream);
+                    continue;
+                }
+                const char *xf = NULL, *dyf = NULL;   /* (to prefetch: this thread's next block) */
+                if (b + 1 < b1) {
+                    xf = xn + (cb + n) * isz;
+                    dyf = dyn + (cb + n) * isz;
+                } else if (r + 2 < r1) {
+                    xf = lnf_row(&a->x, r + 2) + c0 * isz;
+                    dyf = lnf_row(&a->dy, r + 2) + c0 * isz;
+                }
+                ops->grad_map_sums(xr + cb * isz, dyr + cb * isz, dzb, dxr + cb * isz, k, g + cb,
+                                   db, w + cb, xn + cb * isz, dyn + cb * isz, mn,
+                                   sums + 3 * (slot + b), n, xf, dyf, stream);
+            }
+            if (stream)
+                lnf_stream_fence();
+        }
+        if (nt > 1)
+            lnf_barrier();          /* (the sums of row r + 1 are all in) */
+        F(end_of_run)(bw, g, dw, r - r0, r1 - r0, c0, c1);
+    }
+    if (!REAL_F64 && !bw->one_run)
+        fold_grads(sc, dw, D, c0, c1, c);
+}
+
+/* Rows r0..r1-1, their dweight/dbias terms summed into the float64 partial
+ * rows dw[0:2D] (dw[0:D] for RMSNorm) in row order: directly when REAL is
+ * double (g is dw), else through the float32 runs g[0:2D], which are zero
+ * before and after (zeroed once per thread, zeroed by each run added), and
+ * then the float64 terms of its rare rows (fold_grads).  sums: the
+ * thread's block sums (backward_blocks). */
+static void F(backward_chunk)(const lnf_bwd *b, const REAL *w, const REAL *mean,
+                              const REAL *rstd, ptrdiff_t r0, ptrdiff_t r1, double *dw, REAL *g,
+                              double *sums, lnf_scratch *sc)
+{
+    const lnf_backward_args *a = b->a;
+    if (b->blocked) {
+        F(backward_blocks)(b, w, mean, rstd, r0, r1, dw, g, sums, sc, 0, 1);
+        return;
+    }
+    if (REAL_F64 || r0 >= r1)       /* (an empty chunk adds no run) */
+        memset(dw, 0, 2 * (size_t)a->D * sizeof(double));
+    if (b->direct) {
+        F(backward_block)(b, w, mean, rstd, r0, r1, dw, g, sc);
+    } else {
+        for (ptrdiff_t r = r0; r < r1; r++) {
+            F(backward_row)(b, w, mean, rstd, r, g, sc);
+            F(end_of_run)(b, g, dw, r - r0, r1 - r0, 0, a->D);
+        }
+    }
+    if (!REAL_F64 && !b->one_run)
+        fold_grads(sc, dw, a->D, 0, a->D, a->centered);
+}
+
+/* Where thread t sums a run of a chunk's dweight/dbias terms: float32 rows
+ * of its own, one partial stride (4 D floats) apart although they fill
+ * half of it (runs of two threads closer together cost 17% at 8192x1024
+ * float32, docs/performance.md), or the chunk's float64 partial rows dw
+ * themselves. */
+static inline REAL *F(run_rows)(const lnf_reduction *p, double *dw, int t)
+{
+    if (REAL_F64)
+        return (REAL *)(void *)dw;
+    return (REAL *)p->runs + 2 * p->stride * t;
+}
+
+/* The reduction plan p carried out: the chunks' partial rows summed (each
+ * chunk on one thread, or blocked rows on all), then added in chunk order
+ * into the output.  sc: each thread's scratch. */
+static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scratch *sc)
+{
+    const lnf_backward_args *a = b->a;
+    const REAL *mean = a->mean, *rstd = a->rstd;
+    ptrdiff_t M = a->M, D = a->D, stride = p->stride, nchunks = p->nchunks;
+    ptrdiff_t width = a->centered ? 2 * D : D;      /* (RMSNorm: no dbias) */
+    ptrdiff_t nblocks = (width + LNF_SUM_BLOCK - 1) / LNF_SUM_BLOCK;
+    ptrdiff_t nb = (D + b->col_block - 1) / b->col_block;
+    double *part = p->part;
+    if (b->nthreads == 1) {     /* (no OpenMP region, as in forward_rows) */
+        const REAL *w = lnf_param(&a->weight, sc->params, D);
+        if (!REAL_F64)
+            memset(F(run_rows)(p, NULL, 0), 0, 2 * (size_t)D * sizeof(float));
+        for (ptrdiff_t c = 0; c < nchunks; c++)
+            F(backward_chunk)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
+                              part + stride * c, F(run_rows)(p, part + stride * c, 0), p->sums, sc);
+    } else if (b->blocked && b->nthreads <= nb) {
+#pragma omp parallel num_threads(b->nthreads)
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            const REAL *w = lnf_param(&a->weight, sc[t].params, D);
+            for (ptrdiff_t c = 0; c < nchunks; c++)   /* (every thread: the barriers are in there) */
+                F(backward_blocks)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
+                                   part + stride * c, F(run_rows)(p, part + stride * c, 0),
+                                   p->sums, sc, t, nt);
+        }
+    } else {
+#pragma omp parallel num_threads(b->nthreads)
+        {
+            int t = omp_get_thread_num();
+            const REAL *w = lnf_param(&a->weight, sc[t].params, D);
+            if (!REAL_F64)
+                memset(F(run_rows)(p, NULL, t), 0, 2 * (size_t)D * sizeof(float));
+#pragma omp for schedule(static)
+            for (ptrdiff_t c = 0; c < nchunks; c++)
+                F(backward_chunk)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
+                                  part + stride * c, F(run_rows)(p, part + stride * c, t),
+                                  p->sums + 6 * nb * t, sc + t);
+        }
+    }
+    if (!REAL_F64 && b->one_run) {      /* (one thread: nchunks is 1) */
+        const float *g = (const float *)(void *)F(run_rows)(p, NULL, 0);
+        if (sc->grads == NULL) {
+            round_run(g, width, a->dwdb, a->dwdb_dtype);
+        } else {    /* (the run, then the float64 terms of the rare rows) */
+            for (ptrdiff_t k = 0; k < width; k++)
+                sc->grads[k] = g[k] + sc->grads[k];
+            sum_partials(sc->grads, 1, width, 0, width, a->dwdb, a->dwdb_dtype);
+        }
+        return;
+    }
+    if (part == a->dwdb)        /* (one float64 chunk, summed in place) */
+        return;
+    if (b->nthreads == 1 || nblocks * nchunks <= LNF_SUM_PARALLEL_MIN) {
+        sum_partials(part, nchunks, stride, 0, width, a->dwdb, a->dwdb_dtype);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(b->nthreads)
+    for (ptrdiff_t k = 0; k < nblocks; k++)
+        sum_partials(part, nchunks, stride, k * LNF_SUM_BLOCK,
+                     LNF_MIN((k + 1) * LNF_SUM_BLOCK, width), a->dwdb, a->dwdb_dtype);
+}
+
+#undef F

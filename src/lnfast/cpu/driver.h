@@ -1,0 +1,49 @@
+/* What the forward and backward drivers share: the dtypes' sizes and the
+ * template settings of forward_rows.h and backward_rows.h, which forward.c
+ * and backward.c include once for float32 arithmetic (REAL float) and once
+ * for float64 (REAL double). */
+#ifndef LNFAST_CPU_DRIVER_H
+#define LNFAST_CPU_DRIVER_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "array.h"
+#include "scratch.h"
+#include "threads.h"
+
+#define LNF_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define LNF_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define LNF_CAT_(a, b) a##_##b
+#define LNF_CAT(a, b) LNF_CAT_(a, b)
+
+/* Bytes per element of a dtype. */
+static inline ptrdiff_t lnf_itemsize(int dtype)
+{
+    return dtype == LNF_FLOAT64 ? 8 : dtype == LNF_FLOAT32 ? 4 : 2;
+}
+
+/* Whether a is described and all of arrays[0..n) (NULL: absent) are rows of
+ * a's dtype with adjacent elements: the direct (pipelined) path. */
+static inline int lnf_all_direct(const lnf_array *const *arrays, int n)
+{
+    const lnf_array *x = arrays[0];
+    for (int i = 0; i < n; i++)
+        if (arrays[i] != NULL
+            && (arrays[i]->dtype != x->dtype || arrays[i]->inner != lnf_itemsize(x->dtype)))
+            return 0;
+    return 1;
+}
+
+/* The weight or bias m as the calling thread reads it: m's data, or a
+ * 16-bit vector widened into `buf` (float32 arithmetic).  Each thread
+ * widens its own copy: a vector widened by one core and read by the other
+ * comes over line by line. */
+static inline const void *lnf_param(const lnf_array *m, void *buf, ptrdiff_t D)
+{
+    return lnf_native(m) ? m->base : lnf_load_row(m, 0, D, buf, sizeof(float));
+}
+
+#endif

@@ -1,0 +1,78 @@
+/* The forward driver: y = norm(x [+ residual]) row by row, on OpenMP
+ * threads that each take one contiguous block of rows (rows are
+ * independent: the split changes no result).  Contiguous rows are
+ * software-pipelined (forward_rows.h); others are gathered into scratch in
+ * the compute type, normalized and stored back. */
+#include "driver.h"
+
+/* A forward call as the rows see it. */
+typedef struct lnf_fwd {
+    const lnf_forward_args *a;
+    const lnf_kernels *kx;      /* x's storage type (direct rows) */
+    const lnf_kernels *kn;      /* the compute type (gathered rows) */
+    ptrdiff_t wp, bp;           /* the lengths of weight and bias (bp: wp for RMSNorm) */
+    int direct;                 /* all rows contiguous, in x's dtype */
+    int stream;                 /* y written with streaming stores */
+    int nthreads;
+} lnf_fwd;
+
+enum { FORWARD_SCRATCH = 4 };   /* gathered rows per thread: x, residual, z, y */
+enum { PARAM_ROWS = 2 };        /* 16-bit weight and bias, widened per thread */
+
+#define REAL float
+#define REAL_F64 0
+#define NATIVE LNF_FLOAT32
+#include "forward_rows.h"
+#undef REAL
+#undef REAL_F64
+#undef NATIVE
+
+#define REAL double
+#define REAL_F64 1
+#define NATIVE LNF_FLOAT64
+#include "forward_rows.h"
+#undef REAL
+#undef REAL_F64
+#undef NATIVE
+
+int lnf_streamed(ptrdiff_t D, ptrdiff_t itemsize, ptrdiff_t nbytes)
+{
+    return itemsize >= 4 && D * itemsize >= LNF_STREAM_ROW_BYTES
+           && nbytes >= LNF_STREAM_MIN_BYTES;
+}
+
+/* A weight or bias length the map accepts: D, or a constant stand-in. */
+static int param_length_ok(ptrdiff_t n, ptrdiff_t D)
+{
+    return n == D || (n == LNF_CONSTANT_MAX_D && LNF_CONSTANT_MAX_D < D);
+}
+
+int lnf_forward(const lnf_forward_args *a)
+{
+    int f64 = a->weight.dtype == LNF_FLOAT64;
+    lnf_fwd f = {a, NULL, NULL, a->weight_len, a->centered ? a->bias_len : a->weight_len,
+                 0, 0, 1};
+    if (a->D < 1 || a->M < 0 || !param_length_ok(f.wp, a->D) || !param_length_ok(f.bp, a->D)
+        || (f64 && a->x.dtype != LNF_FLOAT64) || (!f64 && a->x.dtype == LNF_FLOAT64))
+        return LNF_EINVAL;
+    if (a->M == 0)
+        return LNF_OK;
+    const lnf_array *rows[4] = {&a->x, &a->y, a->has_residual ? &a->residual : NULL,
+                                a->has_residual ? &a->z : NULL};
+    f.kx = lnf_kernels_for(a->x.dtype);
+    f.kn = lnf_kernels_for(f64 ? LNF_FLOAT64 : LNF_FLOAT32);
+    f.direct = lnf_all_direct(rows, 4);
+    f.stream = f.direct && lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
+                                        a->M * a->D * lnf_itemsize(a->y.dtype));
+    f.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, a->M));
+    int wide = !lnf_native(&a->weight) || (a->centered && !lnf_native(&a->bias));
+    lnf_scratches s;
+    if (lnf_scratch_begin(&s, f.nthreads, f.direct ? 0 : FORWARD_SCRATCH, wide ? PARAM_ROWS : 0,
+                          a->D, f64 ? 8 : 4) != LNF_OK)
+        return LNF_ENOMEM;
+    if (f64)
+        forward_rows_f64(&f, a->mean, a->rstd, s.sc);
+    else
+        forward_rows_f32(&f, a->mean, a->rstd, s.sc);
+    return lnf_scratch_end(&s);
+}

@@ -1,0 +1,284 @@
+/* The forward rows, for arithmetic in REAL (float or double; forward.c
+ * includes this once for each).  Functions are named with the suffix _f32
+ * or _f64 (F). */
+#if REAL_F64
+#define F(name) name##_f64
+#else
+#define F(name) name##_f32
+#endif
+
+/* k = {hi, lo, rstd} of a row from its sums s over x - s[2] (RMSNorm:
+ * over x); 0 for the rare rows that row_exact must redo.
+ *
+ * LayerNorm sums run over x - x[0]: shifting by a member of the row keeps
+ * the sums of the size of the row's spread rather than its offset (and the
+ * differences of nearby values exact), so the cancellation in
+ * S2/D - (S1/D)^2 costs at most ~D ulps of float64 (typically one) -- not
+ * the textbook E[x^2] - E[x]^2 in working precision, which returns garbage
+ * for rows like [40000, 40001, 40002, 40003].  The float64 mean is then
+ * applied as hi + lo of type REAL: x - hi is exact for x near the mean, so
+ * float32 rows with a large common offset keep the digits that a float32
+ * mean would round away; lo also carries the rounding error of the float64
+ * mean's own last addition (TwoSum), which float64 rows with a large offset
+ * need.  RMSNorm sums x^2 without a shift. */
+static inline int F(row_stats)(const double *s, ptrdiff_t D, double eps, int centered, REAL *k)
+{
+    double mean = centered ? s[0] / D : 0.0;
+    double var = s[1] / D - mean * mean;
+    double d = mean, t, err;
+    var = var < 0.0 ? 0.0 : var;      /* clamp rounding below zero; NaN stays */
+    double rstd = 1.0 / sqrt(var + eps);
+    /* Squares in the working type: a row whose variance is below its floor
+     * may have lost squares to underflow (rows whose sums are exactly zero,
+     * constant rows among them, only matter where eps does not swamp that),
+     * and one near the type's top may have overflowed; such rows, and
+     * float32 rows whose deviations or rstd leave float32's range, are
+     * redone (row_exact).  NaN rows are redone too, and stay NaN. */
+    double floor = REAL_F64 ? LNF_VAR_FLOOR_F64 : LNF_VAR_FLOOR_F32;
+    if (!((var >= floor || (s[0] == 0.0 && s[1] == 0.0 && eps >= floor)) && s[1] < 1e300))
+        return 0;
+    if (!REAL_F64 && !(D * var < 1e72 && 1e-30 < rstd && rstd < 1e30))
+        return 0;
+    mean += s[2];
+    t = mean - s[2];
+    err = (s[2] - (mean - t)) + (d - t);     /* mean + err == s[2] + d exactly */
+    k[0] = (REAL)mean;
+    k[1] = (REAL)((mean - (double)k[0]) + err);
+    k[2] = (REAL)rstd;
+    return 1;
+}
+
+/* Sum a LayerNorm row again, about its mean, where the sums s (about s[2])
+ * say the shift was far from it (LNF_RESHIFT): each square (x - shift)^2 is
+ * rounded in the working type, an error that the cancellation in
+ * S2/D - (S1/D)^2 magnifies by 1 + (S1/D)^2 / var. */
+static inline void F(resum_far_shift)(const lnf_row_ops *ops, const void *row, double *s,
+                                      ptrdiff_t D, int centered)
+{
+    double m = s[0] / D;
+    double limit = REAL_F64 ? LNF_RESHIFT_F64 : LNF_RESHIFT;
+    if (centered && m * m > limit * (s[1] / D - m * m))
+        ops->sums(row, NULL, NULL, 2, (REAL)(s[2] + m), s, D, NULL, NULL);
+}
+
+/* A row past row_stats' limits, every term in float64: the deviations
+ * d = x - x[0] (RMSNorm: x) scaled by the power of two sc that brings the
+ * largest near 1 (or as near as float64 allows), so that no square
+ * overflows or underflows, and two passes (the mean of d, then the sums
+ * about it).  Any finite row at the cost of four reads.  k = {mean, 0,
+ * rstd} as stored.  wp, bp: the lengths of w and b (stand-ins repeat). */
+static void F(row_exact)(const REAL *x, REAL *y, const REAL *w, const REAL *b, ptrdiff_t D,
+                         double eps, int centered, REAL *k, ptrdiff_t wp, ptrdiff_t bp)
+{
+    double pre = 1.0;   /* 1/2 where x - x[0] could overflow: x / 2 is exact there */
+    for (ptrdiff_t j = 0; j < D; j++)
+        if (ldexp(1.0, 1022) < fabs((double)x[j]) && fabs((double)x[j]) <= DBL_MAX)
+            pre = 0.5;
+    eps = eps * pre * pre;
+    double shift = (centered ? (double)x[0] : 0.0) * pre;
+    double big = 0.0, sc = 1.0, m = 0.0, s1 = 0.0, s2 = 0.0, d, var, rs, rstd;
+    int e;
+    for (ptrdiff_t i = 0; i < D; i++) {
+        d = fabs((double)x[i] * pre - shift);
+        if (big < d && d <= DBL_MAX)
+            big = d;
+    }
+    if (big > 0.0) {
+        frexp(big, &e);
+        sc = ldexp(1.0, e > -1022 ? -e : 1022);      /* (2**1024 overflows) */
+    }
+    if (centered) {
+        for (ptrdiff_t i = 0; i < D; i++)
+            m += ((double)x[i] * pre - shift) * sc;
+        m /= D;
+    }
+    for (ptrdiff_t i = 0; i < D; i++) {
+        d = ((double)x[i] * pre - shift) * sc - m;
+        s1 += d;
+        s2 += d * d;
+    }
+    m += centered ? s1 / D : 0.0;
+    var = centered ? s2 / D - (s1 / D) * (s1 / D) : s2 / D;
+    var = var < 0.0 ? 0.0 : var;
+    /* rstd = 1 / sqrt(var / sc^2 + eps) and y = (x - mean) rstd = (d sc - m) rs
+     * with rs = rstd / sc, from the scaled variance unless eps sc^2 overflows. */
+    if (eps * sc * sc <= DBL_MAX) {
+        rs = 1.0 / sqrt(var + eps * sc * sc);
+        rstd = rs * sc * pre;
+    } else {
+        rstd = 1.0 / sqrt(var / sc / sc + eps);
+        rs = rstd / sc;
+        rstd *= pre;
+    }
+    for (ptrdiff_t i = 0; i < D; i++) {
+        d = (((double)x[i] * pre - shift) * sc - m) * rs * w[i % wp];
+        y[i] = (REAL)(centered ? d + b[i % bp] : d);
+    }
+    k[0] = (REAL)((shift + m / sc) / pre);
+    k[1] = 0;
+    k[2] = (REAL)rstd;
+}
+
+/* Row r by row_exact, gathered into the thread's rows (2) where not
+ * contiguous in the compute type. */
+static void F(forward_exact)(const lnf_fwd *f, const REAL *w, const REAL *b, ptrdiff_t r,
+                             REAL *k, lnf_scratch *sc)
+{
+    const lnf_forward_args *a = f->a;
+    REAL *buf = sc->rows;
+    if (f->direct && !lnf_native(&a->x)) {
+        buf = lnf_rare_rows(sc, 2 * (size_t)a->D * sizeof(REAL));
+        if (buf == NULL) {
+            k[0] = k[1] = k[2] = 0;
+            return;
+        }
+    }
+    REAL *ybuf = buf != NULL ? buf + a->D : NULL;
+    const REAL *xr = lnf_load_row(a->has_residual ? &a->z : &a->x, r, a->D, buf, sizeof(REAL));
+    REAL *yr = lnf_out_row(&a->y, r, ybuf, sizeof(REAL));
+    F(row_exact)(xr, yr, w, b, a->D, a->eps, a->centered, k, f->wp, f->bp);
+    if (yr == ybuf)
+        lnf_store_row(&a->y, r, a->D, yr, sizeof(REAL));
+}
+
+/* y = the normalized row x (k: hi, lo, rstd), in pieces of
+ * LNF_CONSTANT_MAX_D columns where the weight or bias is a stand-in of that
+ * length (the map is elementwise: the same bits as in one piece); isz:
+ * bytes per stored value. */
+static inline void F(map_row)(const lnf_fwd *f, const lnf_row_ops *ops, ptrdiff_t isz,
+                              const void *x, void *y, const REAL *w, const REAL *b,
+                              const REAL *k)
+{
+    ptrdiff_t D = f->a->D, piece = LNF_MIN(f->wp, f->bp);
+    for (ptrdiff_t j = 0, n; j < D; j += n) {
+        n = LNF_MIN(piece, D - j);
+        ops->map((const char *)x + j * isz, (char *)y + j * isz, w + (f->wp == D ? j : 0),
+                 f->a->centered ? b + (f->bp == D ? j : 0) : NULL, k, n, f->stream);
+    }
+}
+
+/* Rows r0..r1-1 of direct arrays, software-pipelined: one sweep
+ * normalizes row r and sums row r + 1 (forming z = x + residual of row
+ * r + 1), so reading the next row overlaps writing this one; the rare rows
+ * go to forward_exact. */
+static void F(forward_block)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
+                             REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
+{
+    const lnf_forward_args *a = f->a;
+    const lnf_row_ops *ops = f->kx->ops;
+    const lnf_array *in = a->has_residual ? &a->z : &a->x;
+    ptrdiff_t D = a->D, isz = lnf_native(&a->x) ? (ptrdiff_t)sizeof(REAL) : 2;
+    int res = a->has_residual, c = a->centered;
+    double s[3], sn[3] = {0.0, 0.0, 0.0};   /* (the last row has no next row to sum) */
+    REAL k[3];
+    ops->sums(lnf_row(&a->x, r0), lnf_row_or_null(&a->residual, r0, r1, res),
+              (void *)lnf_row_or_null(&a->z, r0, r1, res), c, 0, s, D, NULL, NULL);
+    for (ptrdiff_t r = r0; r < r1; r++) {
+        F(resum_far_shift)(ops, lnf_row(in, r), s, D, c);
+        int ok = F(row_stats)(s, D, a->eps, c, k);
+        if (ok && f->wp == D && f->bp == D) {
+            ops->map_sums(lnf_row(in, r), lnf_row(&a->y, r), w, c ? b : NULL, k,
+                          lnf_row_or_null(&a->x, r + 1, r1, 1),
+                          lnf_row_or_null(&a->residual, r + 1, r1, res),
+                          (void *)lnf_row_or_null(&a->z, r + 1, r1, res), c, sn, D,
+                          lnf_row_or_null(&a->x, r + 2, r1, 1),
+                          lnf_row_or_null(&a->residual, r + 2, r1, res), f->stream);
+        } else {
+            if (ok)     /* (a stand-in weight or bias: by pieces) */
+                F(map_row)(f, ops, isz, lnf_row(in, r), lnf_row(&a->y, r), w, b, k);
+            else
+                F(forward_exact)(f, w, b, r, k, sc);
+            if (r + 1 < r1)
+                ops->sums(lnf_row(&a->x, r + 1), lnf_row_or_null(&a->residual, r + 1, r1, res),
+                          (void *)lnf_row_or_null(&a->z, r + 1, r1, res), c, 0, sn, D, NULL,
+                          NULL);
+        }
+        if (mean_out != NULL)
+            mean_out[r] = k[0];
+        if (rstd_out != NULL)
+            rstd_out[r] = k[2];
+        memcpy(s, sn, sizeof s);
+    }
+}
+
+/* Row r of arrays with some rows strided or of another dtype: rows are
+ * gathered into the thread's rows (4) in the compute type and stored
+ * back.  The same arithmetic as forward_block, one pass after another. */
+static void F(forward_row)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
+                           REAL *rstd_out, ptrdiff_t r, lnf_scratch *sc)
+{
+    const lnf_forward_args *a = f->a;
+    const lnf_row_ops *ops = f->kn->ops;
+    ptrdiff_t D = a->D;
+    int c = a->centered;
+    REAL *buf = sc->rows;
+    double s[3];
+    REAL k[3];
+    const REAL *xr = lnf_load_row(&a->x, r, D, buf, sizeof(REAL));
+    if (a->has_residual) {      /* z = x + residual, then normalize z from cache */
+        REAL *zr = lnf_out_row(&a->z, r, buf + 2 * D, sizeof(REAL));
+        ops->sums(xr, lnf_load_row(&a->residual, r, D, buf + D, sizeof(REAL)), zr, c, 0, s, D,
+                  NULL, NULL);
+        xr = zr;
+        if (zr == buf + 2 * D) {                /* computed in scratch */
+            lnf_store_row(&a->z, r, D, zr, sizeof(REAL));
+            if (!lnf_native(&a->z)) {           /* normalize the z that is returned */
+                xr = lnf_load_row(&a->z, r, D, zr, sizeof(REAL));
+                ops->sums(xr, NULL, NULL, c, 0, s, D, NULL, NULL);
+            }
+        }
+    } else {
+        ops->sums(xr, NULL, NULL, c, 0, s, D, NULL, NULL);
+    }
+    REAL *yr = lnf_out_row(&a->y, r, buf + 3 * D, sizeof(REAL));
+    F(resum_far_shift)(ops, xr, s, D, c);
+    if (F(row_stats)(s, D, a->eps, c, k))
+        F(map_row)(f, ops, sizeof(REAL), xr, yr, w, b, k);
+    else
+        F(row_exact)(xr, yr, w, b, D, a->eps, c, k, f->wp, f->bp);
+    if (mean_out != NULL)
+        mean_out[r] = k[0];
+    if (rstd_out != NULL)
+        rstd_out[r] = k[2];
+    if (yr == buf + 3 * D)
+        lnf_store_row(&a->y, r, D, yr, sizeof(REAL));
+}
+
+/* Rows r0..r1-1: pipelined for direct arrays, else row by row. */
+static void F(forward_range)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
+                             REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
+{
+    if (f->direct) {
+        if (r0 < r1)
+            F(forward_block)(f, w, b, mean_out, rstd_out, r0, r1, sc);
+    } else {
+        for (ptrdiff_t r = r0; r < r1; r++)
+            F(forward_row)(f, w, b, mean_out, rstd_out, r, sc);
+    }
+}
+
+/* Each thread takes one contiguous block of rows.  One thread: no OpenMP
+ * region at all (a region costs a small call about 0.4 us, even on one
+ * thread).  sc: each thread's scratch. */
+static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, lnf_scratch *sc)
+{
+    const lnf_forward_args *a = f->a;
+    ptrdiff_t M = a->M, D = a->D, nt = f->nthreads;
+    if (nt == 1) {
+        const REAL *w = lnf_param(&a->weight, sc->params, D);
+        const REAL *b = a->centered ? lnf_param(&a->bias, (REAL *)sc->params + D, D) : w;   /* (RMSNorm: unread) */
+        F(forward_range)(f, w, b, mean_out, rstd_out, 0, M, sc);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        lnf_scratch *mine = sc + omp_get_thread_num();
+        const REAL *w = lnf_param(&a->weight, mine->params, D);
+        const REAL *b = a->centered ? lnf_param(&a->bias, (REAL *)mine->params + D, D) : w;
+#pragma omp for schedule(static)
+        for (ptrdiff_t t = 0; t < nt; t++)
+            F(forward_range)(f, w, b, mean_out, rstd_out, t * M / nt, (t + 1) * M / nt, mine);
+    }
+}
+
+#undef F

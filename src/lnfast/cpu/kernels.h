@@ -1,0 +1,86 @@
+/* The kernel table: the row operations of each storage type, one build of
+ * them per instruction set (rows_<type>_<isa>.c, from the template
+ * rowops.h), and the one chosen for this CPU (dispatch.c).
+ *
+ * Adding an instruction set: a rows_<type>_<isa>.c unit per storage type,
+ * its tables declared here, and its test in lnf_select (dispatch.c).
+ * Adding a storage type: its enum value (lnfast_cpu.h), a unit per
+ * instruction set, its declarations here and its row in lnf_select.
+ */
+#ifndef LNFAST_CPU_KERNELS_H
+#define LNFAST_CPU_KERNELS_H
+
+#include "simd.h"
+
+/* One sweep over a row's columns each; rowops.h says what they compute.
+ * Rows are in the storage type; w, b, k, dw and db in the compute type
+ * (float32 for 16-bit rows); k: {hi, lo, rstd} forward, {mean, c, rstd,
+ * mean(g), mean(g xhat)} backward.  The rows after the next ones, xf, rf
+ * and dyf, are prefetched (NULL: none).  stream: LNF_STREAMED (and
+ * LNF_STREAM_NOFENCE, simd.h). */
+typedef struct lnf_row_ops {
+    void (*sums)(const void *x, const void *r, void *z, int centered, double shift, double *s,
+                 ptrdiff_t n, const void *xf, const void *rf);
+    void (*map)(const void *x, void *y, const void *w, const void *b, const void *k,
+                ptrdiff_t n, int stream);
+    void (*map_sums)(const void *x, void *y, const void *w, const void *b, const void *k,
+                     const void *xn, const void *rn, void *zn, int centered, double *s,
+                     ptrdiff_t n, const void *xf, const void *rf, int stream);
+    void (*grad_sums)(const void *x, const void *dy, const void *w, double mean, double *s,
+                      ptrdiff_t n, const void *xf, const void *dyf);
+    void (*grad_map)(const void *x, const void *dy, const void *dz, void *dx, const void *k,
+                     void *dw, void *db, const void *w, ptrdiff_t n, int stream);
+    void (*grad_map_sums)(const void *x, const void *dy, const void *dz, void *dx,
+                          const void *k, void *dw, void *db, const void *w, const void *xn,
+                          const void *dyn, double mean_n, double *s, ptrdiff_t n,
+                          const void *xf, const void *dyf, int stream);
+} lnf_row_ops;
+
+/* 16-bit rows of any byte stride to and from float32 (convert.c). */
+typedef void (*lnf_widen_fn)(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n);
+typedef void (*lnf_narrow_fn)(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n);
+
+/* What a storage type runs: its row operations and, for 16-bit types, its
+ * row conversions. */
+typedef struct lnf_kernels {
+    const lnf_row_ops *ops;
+    lnf_widen_fn widen;
+    lnf_narrow_fn narrow;
+} lnf_kernels;
+
+/* The kernels of storage type `dtype` (enum lnf_dtype) on this CPU, as
+ * lnf_select last chose them. */
+const lnf_kernels *lnf_kernels_for(int dtype);
+
+/* The builds (rows_*.c). */
+#define LNF_DECLARE_OPS(type)                                                  \
+    extern const lnf_row_ops lnf_ops_##type##_baseline;                        \
+    extern const lnf_row_ops lnf_ops_##type##_avx2;                            \
+    extern const lnf_row_ops lnf_ops_##type##_avx512;
+LNF_DECLARE_OPS(f32)
+LNF_DECLARE_OPS(f64)
+LNF_DECLARE_OPS(f16)
+LNF_DECLARE_OPS(bf16)
+#undef LNF_DECLARE_OPS
+extern const lnf_row_ops lnf_ops_bf16_avx512bf16;
+extern const lnf_row_ops lnf_ops_f16_neon;
+extern const lnf_row_ops lnf_ops_bf16_neon;
+
+/* The row conversions (convert.c): portable, with F16C (x86-64), NEON
+ * (aarch64); the fast ones take the portable path for strided rows. */
+void lnf_widen_f16_portable(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n);
+void lnf_narrow_f16_portable(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n);
+void lnf_widen_bf16_portable(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n);
+void lnf_narrow_bf16_portable(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n);
+void lnf_widen_f16_f16c(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n);
+void lnf_narrow_f16_f16c(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n);
+void lnf_widen_f16_neon(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n);
+void lnf_narrow_f16_neon(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n);
+void lnf_widen_bf16_neon(const char *src, ptrdiff_t stride, float *dst, ptrdiff_t n);
+void lnf_narrow_bf16_neon(const float *src, char *dst, ptrdiff_t stride, ptrdiff_t n);
+/* float64 values to float32 rounded to odd (halfconv.h), n at a time. */
+void lnf_f64_to_f32_odd_row(const double *src, float *dst, ptrdiff_t n);
+/* F16C and AVX usable here (cpuid and the OS's saved state). */
+int lnf_has_f16c(void);
+
+#endif

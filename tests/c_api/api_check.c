@@ -1,0 +1,136 @@
+/* The CPU kernels through their C API alone (src/lnfast/cpu/lnfast_cpu.h),
+ * without Python: LayerNorm with a residual and RMSNorm, forward and
+ * backward, for every storage type, on every instruction set this CPU
+ * has (lnf_select).  Exits 1 when two instruction sets give different
+ * bytes.  With a file name, writes the inputs and the outputs there, for
+ * tests/test_c_api.py to compare with the Python functions:
+ *   per dtype: x, r, w, b, then y, z, mean, rstd, dx, dwdb (LayerNorm),
+ *   then y, rstd, dx, dwdb (RMSNorm); raw, C order.
+ * Built by tests/test_c_api.py (gcc or clang, OpenMP when it has it) and
+ * by .ci/run against musl. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "halfconv.h"
+#include "lnfast_cpu.h"
+
+enum { M = 37, D = 333, NOUT = 10, NPATHS = 4 };
+static const int types[4] = {LNF_FLOAT32, LNF_FLOAT64, LNF_FLOAT16, LNF_BFLOAT16};
+static const char *names[4] = {"float32", "float64", "float16", "bfloat16"};
+
+static size_t itemsize(int t) { return t == LNF_FLOAT64 ? 8 : t == LNF_FLOAT32 ? 4 : 2; }
+static int compute(int t) { return t == LNF_FLOAT64 ? LNF_FLOAT64 : LNF_FLOAT32; }
+
+/* A deterministic value in [-2, 2) stored as type t at p[i]. */
+static uint32_t seed = 12345;
+static void fill(void *p, int t, size_t n, double scale, double offset)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        double v = ((seed >> 8) / 16777216.0 * 4 - 2) * scale + offset;
+        if (t == LNF_FLOAT64) ((double *)p)[i] = v;
+        else if (t == LNF_FLOAT32) ((float *)p)[i] = (float)v;
+        else if (t == LNF_FLOAT16) ((uint16_t *)p)[i] = lnf_f32_to_f16((float)v);
+        else ((uint16_t *)p)[i] = lnf_f32_to_bf16((float)v);
+    }
+}
+
+static lnf_array rows(void *p, int t, ptrdiff_t nrows, ptrdiff_t ncols)
+{
+    lnf_array a;
+    ptrdiff_t shape[2] = {nrows, ncols}, strides[2] = {ncols * (ptrdiff_t)itemsize(t), (ptrdiff_t)itemsize(t)};
+    if (lnf_array_init(&a, p, t, 2, shape, strides) != LNF_OK)
+        exit(2);
+    return a;
+}
+
+static lnf_array vector(void *p, int t)
+{
+    lnf_array a;
+    ptrdiff_t shape[1] = {D}, strides[1] = {(ptrdiff_t)itemsize(t)};
+    if (lnf_array_init(&a, p, t, 1, shape, strides) != LNF_OK)
+        exit(2);
+    return a;
+}
+
+int main(int argc, char **argv)
+{
+    FILE *f = argc > 1 ? fopen(argv[1], "wb") : NULL;
+    int bad = 0;
+    for (int k = 0; k < 4; k++) {
+        int t = types[k], ct = compute(t);
+        size_t s = itemsize(t), cs = itemsize(ct), n = (size_t)M * D;
+        void *x = malloc(n * s), *r = malloc(n * s), *w = malloc(D * cs), *b = malloc(D * cs);
+        fill(x, t, n, 1.0, 0.5);
+        fill(r, t, n, 0.5, 0.0);
+        fill(w, ct, D, 0.5, 1.0);
+        fill(b, ct, D, 0.5, 0.0);
+        size_t sizes[NOUT] = {n * s, n * s, M * cs, M * cs, n * s, 2 * D * cs,
+                              n * s, M * cs, n * s, 2 * D * cs};
+        char *out[NPATHS][NOUT];
+        for (int p = 0; p < NPATHS; p++) {
+            lnf_select(p);
+            for (int o = 0; o < NOUT; o++)
+                out[p][o] = calloc(1, sizes[o]);
+            lnf_forward_args fa = {0};
+            fa.x = rows(x, t, M, D);
+            fa.residual = rows(r, t, M, D);
+            fa.z = rows(out[p][1], t, M, D);
+            fa.y = rows(out[p][0], t, M, D);
+            fa.weight = vector(w, ct);
+            fa.bias = vector(b, ct);
+            fa.weight_len = fa.bias_len = D;
+            fa.mean = out[p][2];
+            fa.rstd = out[p][3];
+            fa.M = M, fa.D = D, fa.eps = 1e-5;
+            fa.has_residual = 1, fa.centered = 1, fa.nthreads = 2;
+            lnf_backward_args ba = {0};
+            ba.x = rows(out[p][1], t, M, D);        /* the gradient of z's LayerNorm, */
+            ba.dy = rows(r, t, M, D);
+            ba.dz = rows(x, t, M, D);               /* plus x as dz */
+            ba.dx = rows(out[p][4], t, M, D);
+            ba.weight = vector(w, ct);
+            ba.mean = out[p][2];
+            ba.rstd = out[p][3];
+            ba.dwdb = out[p][5];
+            ba.dwdb_dtype = ct;
+            ba.M = M, ba.D = D;
+            ba.has_dz = 1, ba.centered = 1, ba.nthreads = 2;
+            if (lnf_forward(&fa) != LNF_OK || lnf_backward(&ba) != LNF_OK)
+                return 2;
+            /* RMSNorm of x: no residual, no bias, no mean */
+            fa.has_residual = 0, fa.centered = 0;
+            fa.y = rows(out[p][6], t, M, D);
+            fa.mean = NULL;
+            fa.rstd = out[p][7];
+            ba.x = rows(x, t, M, D);
+            ba.has_dz = 0, ba.centered = 0;
+            ba.dx = rows(out[p][8], t, M, D);
+            ba.rstd = out[p][7];
+            ba.dwdb = out[p][9];
+            if (lnf_forward(&fa) != LNF_OK || lnf_backward(&ba) != LNF_OK)
+                return 2;
+            for (int o = 0; o < NOUT; o++)
+                if (p > 0 && memcmp(out[p][o], out[0][o], sizes[o]) != 0) {
+                    printf("%s: output %d differs on path %d\n", names[k], o, p);
+                    bad = 1;
+                }
+        }
+        lnf_select(LNF_BEST);
+        if (f != NULL) {
+            fwrite(x, s, n, f), fwrite(r, s, n, f), fwrite(w, cs, D, f), fwrite(b, cs, D, f);
+            for (int o = 0; o < NOUT; o++)
+                fwrite(out[0][o], 1, sizes[o], f);
+        }
+        for (int p = 0; p < NPATHS; p++)
+            for (int o = 0; o < NOUT; o++)
+                free(out[p][o]);
+        free(x), free(r), free(w), free(b);
+    }
+    if (f != NULL)
+        fclose(f);
+    printf("%s (%s)\n", bad ? "DIFFERENT" : "same bytes on every path", lnf_simd_name());
+    return bad;
+}

@@ -1,0 +1,74 @@
+"""The C API (src/lnfast/cpu/lnfast_cpu.h) used without Python: a C program
+(tests/c_api/api_check.c) built from the kernel sources alone runs LayerNorm
+with a residual and RMSNorm, forward and backward, on every instruction set
+of this CPU, and its outputs are the Python functions' bytes."""
+import os
+import pathlib
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lnfast
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CPU = ROOT / "src" / "lnfast" / "cpu"
+M, D = 37, 333
+DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
+
+pytestmark = pytest.mark.skipif(not CPU.is_dir(), reason="needs the source tree")
+
+
+def build(tmp):
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    sources = [str(ROOT / "tests" / "c_api" / "api_check.c"), *map(str, sorted(CPU.glob("*.c")))]
+    base = [cc, "-O2", "-ffp-contract=off", "-fno-math-errno", f"-I{CPU}", *sources, "-lm",
+            "-o", str(tmp / "api_check")]
+    for flags in (["-fopenmp"], []):        # OpenMP where the compiler has it
+        p = subprocess.run(base + flags, capture_output=True, text=True, timeout=600)
+        if p.returncode == 0:
+            return tmp / "api_check"
+    pytest.fail(f"the C API does not build:\n{p.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("c_api")
+    exe = build(tmp)
+    p = subprocess.run([str(exe), str(tmp / "out.bin")], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr     # every instruction set: the same bytes
+    return (tmp / "out.bin").read_bytes()
+
+
+def read(data, pos, dtype, shape):
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer(data[pos:pos + n], dtype).reshape(shape), pos + n
+
+
+def test_the_c_api_gives_the_python_functions_bytes(outputs):
+    pos = 0
+    for dt in DTYPES:
+        ct = np.float64 if dt is np.float64 else np.float32
+        x, pos = read(outputs, pos, dt, (M, D))
+        r, pos = read(outputs, pos, dt, (M, D))
+        w, pos = read(outputs, pos, ct, (D,))
+        b, pos = read(outputs, pos, ct, (D,))
+        got = []
+        for shape, t in (((M, D), dt), ((M, D), dt), ((M,), ct), ((M,), ct), ((M, D), dt),
+                         ((2, D), ct), ((M, D), dt), ((M,), ct), ((M, D), dt), ((2, D), ct)):
+            a, pos = read(outputs, pos, t, shape)
+            got.append(a)
+        y, z, mean, rstd = lnfast.add_layer_norm_forward(x, r, w, b, eps=1e-5)
+        dx, dw, db = lnfast.add_layer_norm_backward(r, z, mean, rstd, w, dz=x)
+        ry, rr = lnfast.rms_norm_forward(x, w, eps=1e-5)
+        rdx, rdw = lnfast.rms_norm_backward(r, x, rr, w)
+        want = [y, z, mean, rstd, dx, np.stack([dw, db]), ry, rr, rdx,
+                np.stack([rdw, np.zeros_like(rdw)])]
+        for i, (g, e) in enumerate(zip(got, want)):
+            assert g.tobytes() == np.ascontiguousarray(e).tobytes(), (np.dtype(dt).name, i)
+    assert pos == len(outputs)
