@@ -140,6 +140,17 @@ extensions = [
         depends=sorted(glob.glob("src/lnfast/cpu/*.h")),   # (an edit rebuilds the module)
         define_macros=NUMPY_API,
     ),
+    # The CPU backend: a call's checks, outputs and kernel arguments.
+    Extension(
+        "lnfast._kernels",
+        ["src/lnfast/_kernels.pyx"],
+        include_dirs=["src/lnfast", numpy.get_include()],
+        depends=["src/lnfast/_cpu.pxd", "src/lnfast/cpu/lnfast_cpu.h"],
+        define_macros=NUMPY_API,
+    ),
+    # The backend for the arrays' kind.
+    Extension("lnfast._dispatch", ["src/lnfast/_dispatch.pyx"],
+              include_dirs=[numpy.get_include()], define_macros=NUMPY_API),
     # The output buffer cache.
     Extension(
         "lnfast._pool",

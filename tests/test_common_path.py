@@ -1,15 +1,15 @@
-"""The common call runs in one Cython step, _kernels.forward_common and
-backward_common (docs/api.md, "Call overhead"); every other call takes the
-general path.
-Both must give the same arrays, bit for bit, and the one-step path must
-decline every call that is not of its kind, so that the general path checks
-it (and words the error)."""
+"""Every NumPy call takes one path, lnfast._kernels.forward and backward
+(docs/api.md, "Call overhead"): an ordinary call (plain arrays, a float
+eps, no out=) is recognised without the Python checks; any other is checked
+by lnfast._checks and made ordinary.  Both must give the same arrays, bit
+for bit, and every call that is not ordinary must meet the checks, so that
+a bad one is worded as the SPEC says."""
 import ml_dtypes
 import numpy as np
 import pytest
 
 import lnfast
-from lnfast import _checks, _kernels, _layer_norm, _rms_norm
+from lnfast import _checks, _kernels
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BF16]
@@ -19,9 +19,8 @@ def compute(dtype):
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
-def general(x, residual, weight, bias, eps, centered, stats):
-    return _kernels.forward(x, weight, bias, eps, centered=centered, residual=residual,
-                            with_mean=stats and centered, with_rstd=stats)
+def forward(x, residual, weight, bias, eps, centered, stats):
+    return _kernels.forward(x, residual, weight, bias, eps, None, centered, stats)
 
 
 def assert_same(got, want):
@@ -34,12 +33,32 @@ def assert_same(got, want):
             assert g.tobytes() == w.tobytes()
 
 
+@pytest.fixture
+def checks_seen(monkeypatch):
+    """The calls that met the Python checks, by name."""
+    seen = []
+    for name in ("forward_args", "backward_args"):
+        check = getattr(_checks, name)
+
+        def spy(*args, _check=check, _name=name):
+            seen.append(_name)
+            return _check(*args)
+
+        monkeypatch.setattr(_checks, name, spy)
+    return seen
+
+
+def checked(a):
+    """`a` as a view of a subclass: the same data, no longer ordinary."""
+    return None if a is None else a.view(Sub)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 4097), (64, 768), (300, 256), (5,)])
 @pytest.mark.parametrize("kind", ["layer_norm", "add_layer_norm", "rms_norm"])
 @pytest.mark.parametrize("given", ["no weight", "weight", "weight and bias",
                                    "weight and bias of x's dtype"])
-def test_matches_the_general_path(rng, dtype, shape, kind, given):
+def test_checked_calls_give_the_ordinary_result(rng, checks_seen, dtype, shape, kind, given):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
     residual = rng.standard_normal(shape).astype(dtype) if kind == "add_layer_norm" else None
     D, centered = shape[-1], kind != "rms_norm"
@@ -47,46 +66,48 @@ def test_matches_the_general_path(rng, dtype, shape, kind, given):
     w = rng.standard_normal(D).astype(pdtype) if given != "no weight" else None
     b = rng.standard_normal(D).astype(pdtype) if given.startswith("weight and bias") else None
     for stats in (False, True):
-        got = _kernels.forward_common(x, residual, w, b, 1e-5, centered, stats)
-        assert got is not None
-        assert_same(got, general(x, residual, w, b, 1e-5, centered, stats))
+        got = forward(x, residual, w, b, 1e-5, centered, stats)
+        assert checks_seen == []
+        want = forward(checked(x), checked(residual), checked(w), checked(b), 1e-5, centered,
+                       stats)
+        assert checks_seen == ["forward_args"]
+        checks_seen.clear()
+        assert_same(got, want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 4097), (64, 768), (300, 256), (5,)])
 @pytest.mark.parametrize("kind", ["layer_norm", "add_layer_norm", "rms_norm"])
 @pytest.mark.parametrize("weight", ["none", "compute dtype", "x's dtype"])
-def test_backward_matches_the_general_path(rng, dtype, shape, kind, weight):
+def test_checked_backward_calls_give_the_ordinary_result(rng, checks_seen, dtype, shape, kind,
+                                                         weight):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)
     dz = rng.standard_normal(shape).astype(dtype) if kind == "add_layer_norm" else None
     D, centered = shape[-1], kind != "rms_norm"
     pdtype = dtype if weight == "x's dtype" else compute(dtype)
     w = rng.standard_normal(D).astype(pdtype) if weight != "none" else None
-    _, _, mean, rstd = general(x, None, w, None, 1e-5, centered, True)
-    got = _kernels.backward_common(dy, x, mean, rstd, w, dz, centered)
-    assert got is not None
-    assert_same(got, _kernels.backward(dy, x, mean, rstd, w, centered=centered, dz=dz))
+    _, _, mean, rstd = forward(x, None, w, None, 1e-5, centered, True)
+    got = _kernels.backward(dy, x, mean, rstd, w, dz, centered)
+    assert checks_seen == []
+    want = _kernels.backward(checked(dy), checked(x), checked(mean), checked(rstd), checked(w),
+                             checked(dz), centered)
+    assert checks_seen == ["backward_args"]
+    assert_same(got, want)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
 def test_same_bits_for_any_thread_count(rng, threads):
     x = rng.standard_normal((300, 256)).astype(np.float32)
-    want = general(x, None, None, None, 1e-5, True, True)
-    lnfast.set_num_threads(threads)
-    assert_same(_kernels.forward_common(x, None, None, None, 1e-5, True, True), want)
+    want = forward(x, None, None, None, 1e-5, True, True)
     dy = rng.standard_normal(x.shape).astype(np.float32)
-    assert_same(_kernels.backward_common(dy, x, want[2], want[3], None, None, True),
-                _kernels.backward(dy, x, want[2], want[3], None, centered=True))
+    want_grads = _kernels.backward(dy, x, want[2], want[3], None, None, True)
+    lnfast.set_num_threads(threads)
+    assert_same(forward(x, None, None, None, 1e-5, True, True), want)
+    assert_same(_kernels.backward(dy, x, want[2], want[3], None, None, True), want_grads)
 
 
-def test_common_calls_skip_the_python_checks(monkeypatch, rng):
-    def no_checks(*args):
-        raise AssertionError("the general path ran")
-
-    for module, check in ((_layer_norm, "_check_forward"), (_layer_norm, "_check_backward"),
-                          (_rms_norm, "_check_forward"), (_checks, "like")):
-        monkeypatch.setattr(module, check, no_checks)
+def test_ordinary_calls_skip_the_python_checks(rng, checks_seen):
     x, w = rng.standard_normal((4, 8)), rng.standard_normal(8)
     y, mean, rstd = lnfast.layer_norm_forward(x, w)
     lnfast.layer_norm(x, w, w)
@@ -96,10 +117,11 @@ def test_common_calls_skip_the_python_checks(monkeypatch, rng):
     lnfast.rms_norm(x)
     _, rstd = lnfast.rms_norm_forward(x, w)
     lnfast.rms_norm_backward(y, x, rstd)
-    with pytest.raises(AssertionError, match="general path"):
-        lnfast.layer_norm(x, w, w, out=np.empty_like(x))       # out= is not common
-    with pytest.raises(AssertionError, match="general path"):
-        lnfast.layer_norm_backward(y, x, mean.astype(np.float32), rstd, w)
+    assert checks_seen == []
+    lnfast.layer_norm(x, w, w, out=np.empty_like(x))       # out= is not ordinary
+    assert checks_seen == ["forward_args"]
+    lnfast.layer_norm_backward(y, x, mean.astype(np.float32), rstd, w)
+    assert checks_seen == ["forward_args", "backward_args"]
 
 
 class Sub(np.ndarray):
@@ -153,10 +175,17 @@ def uncommon_calls():
 
 @pytest.mark.parametrize("what, x, residual, weight, bias, eps", uncommon_calls(),
                          ids=[c[0] for c in uncommon_calls()])
-def test_declines_every_other_call(what, x, residual, weight, bias, eps):
+def test_every_other_call_meets_the_checks(checks_seen, what, x, residual, weight, bias, eps):
     for centered in (True, False):
+        if not centered and what.startswith("bias"):
+            continue        # (RMSNorm reads no bias)
         for stats in (False, True):
-            assert _kernels.forward_common(x, residual, weight, bias, eps, centered, stats) is None
+            checks_seen.clear()
+            try:
+                forward(x, residual, weight, bias, eps, centered, stats)
+            except (TypeError, ValueError):
+                pass
+            assert checks_seen == ["forward_args"]
 
 
 VALID_UNCOMMON = ("x a subclass", "x strided", "x Fortran-ordered", "x misaligned",
@@ -172,10 +201,12 @@ def made_common(a, dtype):
 @pytest.mark.parametrize("what, x, residual, weight, bias, eps",
                          [c for c in uncommon_calls() if c[0] in VALID_UNCOMMON],
                          ids=VALID_UNCOMMON)
-def test_valid_uncommon_calls_give_the_common_result(what, x, residual, weight, bias, eps):
+def test_valid_uncommon_calls_give_the_common_result(checks_seen, what, x, residual, weight,
+                                                     bias, eps):
     cx, cr = made_common(x, x.dtype), made_common(residual, x.dtype)
     cw, cb = made_common(weight, compute(x.dtype)), made_common(bias, compute(x.dtype))
-    assert _kernels.forward_common(cx, cr, cw, cb, float(eps), True, True) is not None
+    forward(cx, cr, cw, cb, float(eps), True, True)
+    assert checks_seen == []
     if residual is None:
         got = lnfast.layer_norm_forward(x, weight, bias, eps=eps)
         want = lnfast.layer_norm_forward(cx, cw, cb, eps=float(eps))
@@ -219,7 +250,13 @@ def uncommon_backward_calls():
 
 @pytest.mark.parametrize("what, dy, x, mean, rstd, weight, dz", uncommon_backward_calls(),
                          ids=[c[0] for c in uncommon_backward_calls()])
-def test_backward_declines_every_other_call(what, dy, x, mean, rstd, weight, dz):
+def test_every_other_backward_call_meets_the_checks(checks_seen, what, dy, x, mean, rstd,
+                                                    weight, dz):
     centered = (True,) if what.startswith("mean") else (True, False)
     for c in centered:
-        assert _kernels.backward_common(dy, x, mean, rstd, weight, dz, c) is None
+        checks_seen.clear()
+        try:
+            _kernels.backward(dy, x, mean, rstd, weight, dz, c)
+        except (TypeError, ValueError):
+            pass
+        assert checks_seen == ["backward_args"]

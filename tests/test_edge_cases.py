@@ -108,21 +108,21 @@ def test_large_rows_without_weight_keep_no_stand_in_of_their_length():
     lnfast.empty_cache()
     x = np.ones((2, 65537))
     y, mean, rstd = lnfast.layer_norm_forward(x)        # pieces of 65536: kept
-    assert _cpu.constants_kept() == 2
+    assert _kernels.constants_kept() == 2
     lnfast.layer_norm_backward(x, x, mean, rstd)        # D long: not kept
-    assert _cpu.constants_kept() == 2
+    assert _kernels.constants_kept() == 2
     lnfast.empty_cache()
     lnfast.layer_norm(np.ones((2, 64)))
-    assert _cpu.constants_kept() == 2                  # ones and zeros
+    assert _kernels.constants_kept() == 2                  # ones and zeros
     lnfast.empty_cache()
-    assert _cpu.constants_kept() == 0
+    assert _kernels.constants_kept() == 0
 
 
 def test_at_most_64_stand_in_vectors_are_kept():
     for D in range(1, 100):
         lnfast.rms_norm(np.ones((1, D), np.float32))
-        assert _cpu.constants_kept() <= 64
-    ones = _cpu.constant(1.0, 8, np.dtype(np.float32).num)
+        assert _kernels.constants_kept() <= 64
+    ones = _kernels.constant(1.0, 8, np.dtype(np.float32).num)
     assert not ones.flags.writeable and np.array_equal(ones, np.ones(8, np.float32))
 
 

@@ -114,3 +114,32 @@ def out(o, shape, dtype):
     if not getattr(o.flags, "writeable", True):     # CuPy arrays are always writeable
         raise ValueError("out must be writeable, got a read-only array")
     return o
+
+
+def forward_args(x, residual, weight, bias, eps_value, out_array, centered):
+    """A forward call's arguments, in the order the functions name them (bias
+    only when centered, residual and out when given); returns eps as a
+    float.  Shared by the CPU and GPU backends."""
+    D = data("x", x)
+    param("weight", weight, D, x.dtype)
+    if centered:
+        param("bias", bias, D, x.dtype)
+    value = eps(eps_value)
+    if residual is not None:
+        like("residual", residual, x)
+    if out_array is not None:
+        out(out_array, x.shape, x.dtype)
+    return value
+
+
+def backward_args(dy, x, mean, rstd, weight, dz, centered, x_name="x"):
+    """A backward call's arguments (mean only when centered, dz when given);
+    x_name: x's name in the messages.  Shared by the CPU and GPU backends."""
+    D = data(x_name, x)
+    like("dy", dy, x, x_name)
+    if centered:
+        stats("mean", mean, x.shape[:-1])
+    stats("rstd", rstd, x.shape[:-1])
+    param("weight", weight, D, x.dtype)
+    if dz is not None:
+        like("dz", dz, x, x_name)

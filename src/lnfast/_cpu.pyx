@@ -2,20 +2,14 @@
 """The CPU kernels' Python face: NumPy arrays described for the C API
 (cpu/lnfast_cpu.h), which runs them with the GIL released.
 
-Arrays arrive validated from lnfast._kernels (except in forward_common and
-backward_common, which recognise the common call themselves): dtypes are
-final, weight and bias are vectors of length D (contiguous, or 16-bit of
-any stride), mean/rstd/dwdb are C-contiguous.  Rows of x, dy and out may
-have any (aligned) strides.  Also the build's facts and the test hooks.
+Arrays arrive validated and prepared by lnfast._kernels: dtypes are final,
+weight and bias are vectors of length D (contiguous, or 16-bit of any
+stride), mean/rstd/dwdb are C-contiguous.  Rows of x, dy and out may have
+any (aligned) strides.  Also the build's facts and the test hooks.
 """
-from libc.float cimport DBL_MAX
-from libc.stdint cimport uint16_t
-
 cimport numpy as cnp
 import ml_dtypes
 import numpy as np
-
-from lnfast._pool import handler as _pool_handler, MIN_BYTES as _POOL_MIN
 
 cnp.import_array()
 
@@ -64,9 +58,6 @@ cdef extern from "cpu/kernels.h" nogil:
         void (*widen)(const char* src, Py_ssize_t stride, float* dst, Py_ssize_t n)
         void (*narrow)(const float* src, char* dst, Py_ssize_t stride, Py_ssize_t n)
     const lnf_kernels* lnf_kernels_for(int dtype)
-
-cdef extern from "numpy/arrayobject.h":
-    object PyDataMem_SetHandler(object handler)
 
 # Introspection of the build, read by show_config().
 cdef extern from *:
@@ -137,6 +128,10 @@ def streamed(Py_ssize_t D, Py_ssize_t itemsize, Py_ssize_t nbytes):
 
 def num_chunks(Py_ssize_t M, Py_ssize_t D):
     """How many fixed row chunks the backward pass sums dweight/dbias over."""
+    return lnf_num_chunks(M, D)
+
+
+cdef Py_ssize_t chunks_for(Py_ssize_t M, Py_ssize_t D) noexcept nogil:
     return lnf_num_chunks(M, D)
 
 
@@ -223,7 +218,7 @@ cdef int check(int status, str what) except -1:
 
 
 # ---------------------------------------------------------------------------
-# The kernels.  Arguments are checked by the caller (lnfast._kernels).
+# The kernels.  Arguments are checked and prepared by lnfast._kernels.
 
 def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
             cnp.ndarray w, cnp.ndarray b, cnp.ndarray mean, cnp.ndarray rstd,
@@ -232,8 +227,8 @@ def forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.ndarray y,
     not None; mean and rstd stored when not None.  w and b (b unread when
     not centered) are contiguous vectors of the compute type, float64 or
     float32, or with 16-bit data 16-bit vectors of any stride; either may be
-    a constant stand-in of CONSTANT_MAX_D elements (constant) when D is
-    longer.  16-bit rows are computed in float32."""
+    a constant stand-in of LNF_CONSTANT_MAX_D elements when D is longer
+    (lnfast._kernels.constant).  16-bit rows are computed in float32."""
     run_forward(x, residual, z, y, w, b, mean, rstd, eps, centered, nthreads)
 
 
@@ -306,173 +301,3 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
     with nogil:
         status = lnf_backward(&a)
     return check(status, "backward")
-
-
-# ---------------------------------------------------------------------------
-# The common call in one step.  In a small call the Python glue (checks,
-# dispatch, allocations, the weight vectors: 3-4 us) cost more than the
-# rows; here the common case is recognised, allocated for and run without
-# it.  Anything else returns None and takes the general path, which checks
-# (and words the errors) and runs the same kernels.
-
-cdef inline bint plain(object a, int typenum):
-    """`a` is a NumPy ndarray (no subclass) of dtype `typenum` in native
-    byte order, aligned and C-contiguous."""
-    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
-            and cnp.PyArray_ISALIGNED(<cnp.ndarray>a)
-            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a))
-
-
-cdef inline bint plain_shaped(object a, int typenum, int nd, cnp.npy_intp* dims):
-    """`a` is plain and of shape dims[:nd]."""
-    return (plain(a, typenum) and cnp.PyArray_NDIM(<cnp.ndarray>a) == nd
-            and cnp.PyArray_CompareLists(cnp.PyArray_DIMS(<cnp.ndarray>a), dims, nd))
-
-
-cdef inline bint plain_vector(object a, int typenum, cnp.npy_intp D):
-    """`a` is None (weight or bias not given) or a plain vector of length D."""
-    return a is None or plain_shaped(a, typenum, 1, &D)
-
-
-cdef inline bint plain_param(object p, int t, int ct, cnp.npy_intp D):
-    """weight or bias `p` is None or a plain vector of length D, of the
-    compute type ct or of the data's type t."""
-    return plain_vector(p, ct, D) or plain_vector(p, t, D)
-
-
-cdef inline int compute_typenum(int t):
-    """The compute type of data of type t, or -1 for types not common."""
-    if t == cnp.NPY_FLOAT64:
-        return cnp.NPY_FLOAT64
-    if t == cnp.NPY_FLOAT32 or t == cnp.NPY_FLOAT16 or t == BF16_TYPENUM:
-        return cnp.NPY_FLOAT32
-    return -1
-
-
-cdef inline bint common_rows(object x, int* t, int* ct):
-    """x is a plain array of a float type with at least one axis and one
-    row; sets t to its type and ct to its compute type."""
-    if type(x) is not cnp.ndarray:
-        return False
-    t[0] = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    ct[0] = compute_typenum(t[0])
-    return (ct[0] >= 0 and cnp.PyArray_NDIM(<cnp.ndarray>x) > 0 and plain(x, t[0])
-            and cnp.PyArray_SIZE(<cnp.ndarray>x) > 0)
-
-
-cdef object new_array(int nd, cnp.npy_intp* dims, int typenum, size_t nbytes):
-    """numpy.empty, drawing large buffers from the cache (as `empty`)."""
-    if nbytes < _POOL_MIN:
-        return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
-    old = PyDataMem_SetHandler(_pool_handler)
-    try:
-        return cnp.PyArray_EMPTY(nd, dims, typenum, 0)
-    finally:
-        PyDataMem_SetHandler(old)
-
-
-cdef dict _constants = {}       # (value, D, typenum) -> read-only vector
-cdef enum:
-    CONSTANT_MAX_D = LNF_CONSTANT_MAX_D
-    CONSTANT_MAX_KEPT = 64
-
-
-def constant(double value, cnp.npy_intp D, int typenum, bint forward=False):
-    """Read-only float32 or float64 vector of D copies of `value`: the
-    stand-in for weight=None (ones) or bias=None (zeros), kept for reuse.
-    For the forward pass, at most CONSTANT_MAX_D copies: its map takes
-    longer rows by pieces of that length (map_row), so a long row needs no
-    stand-in of its length."""
-    if forward and D > CONSTANT_MAX_D:
-        D = CONSTANT_MAX_D
-    key = (value, D, typenum)
-    v = _constants.get(key)
-    if v is not None:
-        return v
-    v = cnp.PyArray_EMPTY(1, &D, typenum, 0)
-    v.fill(value)
-    v.flags.writeable = False
-    if D <= CONSTANT_MAX_D:
-        if len(_constants) >= CONSTANT_MAX_KEPT:
-            _constants.clear()
-        _constants[key] = v
-    return v
-
-
-def drop_constants():
-    """Forget the kept stand-in vectors (lnfast.empty_cache)."""
-    _constants.clear()
-
-
-def constants_kept():
-    """How many stand-in vectors are kept.  For tests."""
-    return len(_constants)
-
-
-def forward_common(threads_for, x, residual, weight, bias, eps, bint centered,
-                   bint stats):
-    """lnfast._kernels.forward for the common call: x (and residual, of x's
-    dtype and shape) NumPy arrays as `plain` says, with at least one row;
-    weight and bias None or such vectors of the compute dtype or x's; eps a
-    finite float >= 0; no out.  Returns (y, z, mean, rstd) as forward does, mean
-    and rstd only when `stats` (mean only when centered), or None when the
-    call is not of this kind.  threads_for: lnfast._threads.threads_for."""
-    cdef double e
-    cdef int t, ct
-    if type(eps) is not float or not common_rows(x, &t, &ct):
-        return None
-    cdef cnp.ndarray xa = x
-    cdef int nd = cnp.PyArray_NDIM(xa)
-    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(xa)
-    cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(xa) // D
-    e = eps
-    if not (e >= 0.0 and e <= DBL_MAX):
-        return None
-    if residual is not None and not plain_shaped(residual, t, nd, dims):
-        return None
-    if not (plain_param(weight, t, ct, D) and plain_param(bias, t, ct, D)):
-        return None
-    w = constant(1.0, D, ct, True) if weight is None else weight
-    b = None if not centered else constant(0.0, D, ct, True) if bias is None else bias
-    cdef size_t nbytes = cnp.PyArray_NBYTES(xa)
-    cdef size_t stat_bytes = M * (8 if ct == cnp.NPY_FLOAT64 else 4)
-    y = new_array(nd, dims, t, nbytes)
-    z = new_array(nd, dims, t, nbytes) if residual is not None else None
-    mean = new_array(nd - 1, dims, ct, stat_bytes) if stats and centered else None
-    rstd = new_array(nd - 1, dims, ct, stat_bytes) if stats else None
-    run_forward(xa, residual, z, y, w, b, mean, rstd, e, centered,
-                min(<cnp.npy_intp>threads_for(M * D), M))
-    return y, z, mean, rstd
-
-
-def backward_common(threads_for, Py_ssize_t min_parallel, dy, x, mean, rstd, weight, dz,
-                    bint centered):
-    """lnfast._kernels.backward for the common call: dy and x (and dz) plain
-    arrays of one dtype and shape, with at least one row; rstd (and mean,
-    when centered) plain arrays of the compute dtype and shape x.shape[:-1];
-    weight None or a plain vector of the compute dtype or x's.  Returns (dx,
-    dweight, dbias) as backward does, or None when the call is not of this
-    kind.  threads_for(n, min_parallel): lnfast._threads'."""
-    cdef int t, ct
-    if not common_rows(x, &t, &ct):
-        return None
-    cdef cnp.ndarray xa = x
-    cdef int nd = cnp.PyArray_NDIM(xa)
-    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(xa)
-    cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(xa) // D
-    if not (plain_shaped(dy, t, nd, dims) and (dz is None or plain_shaped(dz, t, nd, dims))
-            and plain_shaped(rstd, ct, nd - 1, dims)
-            and (not centered or plain_shaped(mean, ct, nd - 1, dims))
-            and plain_param(weight, t, ct, D)):
-        return None
-    w = constant(1.0, D, ct) if weight is None else weight
-    nchunks = lnf_num_chunks(M, D)
-    dx = new_array(nd, dims, t, cnp.PyArray_NBYTES(xa))
-    cdef cnp.npy_intp rows_of_grads[2]
-    rows_of_grads[0], rows_of_grads[1] = 2, D
-    dwdb = cnp.PyArray_EMPTY(2, rows_of_grads,             # in the weight's dtype
-                             ct if weight is None else cnp.PyArray_TYPE(<cnp.ndarray>weight), 0)
-    run_backward(dy, xa, dz, mean if centered else None, rstd, w, dx, dwdb, nchunks,
-                 centered, min(<Py_ssize_t>threads_for(M * D, min_parallel), nchunks))
-    return dx, dwdb[0], dwdb[1]

@@ -1,7 +1,7 @@
 """LayerNorm and RMSNorm on CuPy arrays: the CUDA kernels of kernels/norm.cu.
 
 The same entry points as lnfast._kernels (forward, backward), reached through
-lnfast._dispatch when the arrays are CuPy's.  CuPy is imported here, on the
+lnfast._dispatch when the arrays are CuPy's; the same checks (lnfast._checks).  CuPy is imported here, on the
 first GPU call, never by `import lnfast`.
 """
 import functools
@@ -10,6 +10,7 @@ from importlib import resources
 
 import numpy as np
 
+from lnfast import _checks
 from lnfast._checks import HALF_DTYPES, compute_dtype
 
 _SOURCE = "kernels/norm.cu"
@@ -185,15 +186,17 @@ def _vector(p, value, D, dtype):
     return v if v.data.ptr % 16 == 0 else v.copy()
 
 
-# --- entry points (the signatures of lnfast._kernels) -----------------------
+# --- entry points (those of lnfast._kernels, the CPU backend) ---------------
 
-def forward(x, weight, bias, eps, *, centered, residual=None, out=None,
-            with_mean=False, with_rstd=False):
+def forward(x, residual, weight, bias, eps, out, centered, stats):
+    eps = _checks.forward_args(x, residual, weight, bias, eps, out, centered)
     with x.device:      # outputs, kernels and launches on x's device
-        return _forward(x, weight, bias, eps, centered, residual, out, with_mean, with_rstd)
+        return _forward(x, weight, bias, eps, centered, residual, out, stats and centered,
+                        stats)
 
 
-def backward(dy, x, mean, rstd, weight, *, centered, dz=None):
+def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x"):
+    _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name)
     with x.device:
         return _backward(dy, x, mean, rstd, weight, centered, dz)
 

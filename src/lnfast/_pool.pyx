@@ -17,9 +17,28 @@ cdef extern from "_pool.h":
 cdef extern from "numpy/arrayobject.h":
     object PyDataMem_SetHandler(object handler)
 
-# The handler (a capsule); lnfast._cpu allocates through it too.
+import os
+
+# The handler (a capsule), for lnfast._kernels' allocations.
 handler = lnf_pool_capsule()
 MIN_BYTES = LNF_POOL_MIN
+
+
+def _limit_from_env():
+    text = os.environ.get("LNFAST_CACHE_BYTES")
+    if text is None:
+        return 1 << 30
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if not 0 <= limit < 1 << 64:
+        raise ValueError(f"LNFAST_CACHE_BYTES must be an integer from 0 to 2**64 - 1, "
+                         f"got {text!r}")
+    return limit
+
+
+lnf_pool_set_limit(_limit_from_env())
 
 
 def empty(shape, dtype):

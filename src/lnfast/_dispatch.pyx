@@ -1,10 +1,13 @@
+# cython: language_level=3, wraparound=True, boundscheck=True
 """Backend choice by array type, shared by every public function.
 
 NumPy arrays run on the CPU kernels (lnfast._kernels), CuPy arrays on the
-CUDA kernels (lnfast._gpu, which imports CuPy on first use).  Arguments are
-checked (lnfast._checks) before this is asked.
+CUDA kernels (lnfast._gpu, which imports CuPy on first use).  Both backends
+take the same arguments and check them (lnfast._checks) themselves; this
+only looks at the arrays' types, so that a bad argument is still worded by
+the checks.
 """
-import numpy as np
+cimport numpy as cnp
 
 from lnfast import _checks, _kernels
 
@@ -13,14 +16,14 @@ def _kind(a):
     return "cupy.ndarray" if _checks.is_cupy(a) else "numpy.ndarray"
 
 
-def backend(names, x, *others):
+def backend(str names, x, *others):
     """The kernels module for x's kind; every other array must be the same kind.
 
     names: the arguments' names, x's first, separated by spaces (read only
-    to word an error)."""
-    if type(x) is np.ndarray:
+    to word an error).  (Compiled: this runs on every call.)"""
+    if type(x) is cnp.ndarray:
         for a in others:
-            if a is not None and type(a) is not np.ndarray:
+            if a is not None and type(a) is not cnp.ndarray:
                 break
         else:
             return _kernels             # the common case, decided quickly
