@@ -63,7 +63,8 @@ def forward(x, residual, weight, bias, eps, out, bint centered, bint stats):
     cdef int nd = cnp.PyArray_NDIM(x0)
     cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(x0)
     cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(x0) // D
-    cdef size_t nbytes = cnp.PyArray_NBYTES(x0), stat_bytes = M * (8 if ct == cnp.NPY_FLOAT64 else 4)
+    cdef size_t nbytes = cnp.PyArray_NBYTES(x0)
+    cdef size_t stat_bytes = M * (8 if ct == cnp.NPY_FLOAT64 else 4)
     w = constant(1.0, D, ct, True) if weight is None else weight
     b = (constant(0.0, D, ct, True) if bias is None else bias) if centered else None
     if out is None:

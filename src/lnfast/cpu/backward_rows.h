@@ -367,7 +367,8 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
             const REAL *w = lnf_param(&a->weight, sc[t].params, D);
-            for (ptrdiff_t c = 0; c < nchunks; c++)   /* (every thread: the barriers are in there) */
+            /* (every thread takes every chunk: the barriers are in there) */
+            for (ptrdiff_t c = 0; c < nchunks; c++)
                 F(backward_blocks)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
                                    part + stride * c, F(run_rows)(p, part + stride * c, 0),
                                    p->sums, sc, t, nt);

@@ -26,8 +26,10 @@ static int x86_level(int limit, int needs_f16c)
 }
 
 /* The build of one storage type for `lvl` (x86_level). */
-#define LNF_PICK(type, lvl) \
-    ((lvl) == 2 ? &lnf_ops_##type##_avx512 : (lvl) == 1 ? &lnf_ops_##type##_avx2 : &lnf_ops_##type##_baseline)
+#define LNF_PICK(type, lvl)                                                    \
+    ((lvl) == 2   ? &lnf_ops_##type##_avx512                                     \
+     : (lvl) == 1 ? &lnf_ops_##type##_avx2                                       \
+                  : &lnf_ops_##type##_baseline)
 
 int lnf_select(int limit)
 {

@@ -266,7 +266,8 @@ static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, ln
     ptrdiff_t M = a->M, D = a->D, nt = f->nthreads;
     if (nt == 1) {
         const REAL *w = lnf_param(&a->weight, sc->params, D);
-        const REAL *b = a->centered ? lnf_param(&a->bias, (REAL *)sc->params + D, D) : w;   /* (RMSNorm: unread) */
+        /* (RMSNorm: b unread) */
+        const REAL *b = a->centered ? lnf_param(&a->bias, (REAL *)sc->params + D, D) : w;
         F(forward_range)(f, w, b, mean_out, rstd_out, 0, M, sc);
         return;
     }

@@ -38,7 +38,8 @@
  */
 #if !defined(LNF_NAME) || !defined(LNF_T) || !defined(LNF_S) || !defined(LNF_DOUBLE) \
     || !defined(LNF_STORAGE16) || !defined(LNF_ATTR) || !defined(LNF_VB)
-#error "rowops.h: a rows_*.c unit defines LNF_NAME, LNF_T, LNF_S, LNF_DOUBLE, LNF_STORAGE16, LNF_ATTR and LNF_VB first"
+#error "rowops.h: a rows_*.c unit defines LNF_NAME, LNF_T, LNF_S, LNF_DOUBLE, \
+LNF_STORAGE16, LNF_ATTR and LNF_VB first"
 #endif
 #if LNF_STORAGE16 && !(defined(LNF_TO_F32) && defined(LNF_FROM_F32) \
                        && (!LNF_VECTOR || (defined(LNF_VWIDEN) && defined(LNF_VNARROW))))
