@@ -236,17 +236,217 @@ static inline double lnf_fold(double *s)
 #define LNF_FOLD(s, acc) lnf_fold(s)
 #endif
 
+/* --- One element at a time: the plain C loops and every row's tail. --- */
+
+/* y[j] = the forward map of x[j] (b NULL: RMSNorm). */
+LNF_ATTR LNF_INLINE void map1(const LNF_S *x, LNF_S *y, const LNF_T *w, const LNF_T *b,
+                              LNF_T hi, LNF_T lo, LNF_T rs, ptrdiff_t j)
+{
+    LNF_PUT(y, j, b != NULL ? ((LNF_GET(x, j) - hi) - lo) * rs * w[j] + b[j]
+                            : LNF_GET(x, j) * rs * w[j]);
+}
+
+/* Element j of the row to sum: xn[j], or z = xn[j] + rn[j] as stored to zn
+ * (rn not NULL: the fused residual add; the sums see z as stored). */
+LNF_ATTR LNF_INLINE LNF_T next1(const LNF_S *xn, const LNF_S *rn, LNF_S *zn, ptrdiff_t j)
+{
+    if (rn == NULL)
+        return LNF_GET(xn, j);
+    LNF_PUT(zn, j, LNF_GET(xn, j) + LNF_GET(rn, j));
+    return LNF_GET(zn, j);
+}
+
+/* dx[j] of the backward map (k: its scalars) and its dweight/dbias terms
+ * added to dw[j] and db[j] (db NULL: RMSNorm). */
+LNF_ATTR LNF_INLINE void grad_map1(const LNF_S *x, const LNF_S *dy, const LNF_S *dz, LNF_S *dx,
+                                   const LNF_T *k, LNF_T *dw, LNF_T *db, const LNF_T *w,
+                                   ptrdiff_t j)
+{
+    LNF_T dyj = LNF_GET(dy, j), xh = ((LNF_GET(x, j) - k[0]) - k[1]) * k[2];
+    LNF_T dxj = k[2] * ((dyj * w[j] - k[3]) - xh * k[4]), t = dyj * xh;
+    LNF_PUT(dx, j, dz != NULL ? dxj + LNF_GET(dz, j) : dxj);
+    dw[j] += t;
+    if (db != NULL)
+        db[j] += dyj;
+}
+
+/* The backward sums' terms of element j: d = xn - mean, g = dyn * w, g d. */
+LNF_ATTR LNF_INLINE void grad_terms1(const LNF_S *xn, const LNF_S *dyn, const LNF_T *w,
+                                     LNF_T mean, ptrdiff_t j, LNF_T t[3])
+{
+    t[0] = LNF_GET(xn, j) - mean;
+    t[1] = LNF_GET(dyn, j) * w[j];
+    t[2] = t[1] * t[0];
+}
+
+#if LNF_VECTOR
+/* --- Vectors: LNF_VE elements, LNF_LANES (LNF_NV vectors), LNF_STEP. --- */
+
+/* One sum's float64 lanes (LNF_ND vectors) and, in float32 arithmetic, the
+ * block sums of the steps not yet widened (LNF_SUPER). */
+typedef struct {
+    LNF_VD acc[LNF_ND];
+    LNF_VT open[LNF_NV];
+} lnf_lanes;
+
+LNF_ATTR LNF_INLINE void lanes_init(lnf_lanes *l)
+{
+    LNF_ZERO(l->acc);
+    for (int v = 0; v < LNF_NV; v++)
+        l->open[v] = (LNF_VT){0};
+}
+
+/* A step's block sums p into the lanes: into the open group, which is
+ * widened into the lanes when `close` (LNF_SUPER > 1), or widened now. */
+LNF_ATTR LNF_INLINE void lanes_add_step(lnf_lanes *l, const LNF_VT *p, int close)
+{
+#if LNF_SUPER > 1
+    for (int v = 0; v < LNF_NV; v++)
+        l->open[v] += p[v];
+    if (close) {
+        LNF_ACC(l->acc, l->open);
+        for (int v = 0; v < LNF_NV; v++)
+            l->open[v] = (LNF_VT){0};
+    }
+#else
+    (void)close;
+    LNF_ACC(l->acc, p);
+#endif
+}
+
+/* The open group widened into the lanes after the last step (`open`: it
+ * holds blocks). */
+LNF_ATTR LNF_INLINE void lanes_close(lnf_lanes *l, int open)
+{
+#if LNF_SUPER > 1
+    if (open)
+        LNF_ACC(l->acc, l->open);
+#else
+    (void)l, (void)open;
+#endif
+}
+
+/* Whether this step closes a group of LNF_SUPER steps' block sums. */
+LNF_INLINE int step_closes(int *nb)
+{
+    if (++*nb < LNF_SUPER)
+        return 0;
+    *nb = 0;
+    return 1;
+}
+
+/* The forward map of the vector of x at j (kv: hi, lo, rs splatted). */
+LNF_ATTR LNF_INLINE LNF_VT map_vec(const LNF_S *x, const LNF_T *w, const LNF_T *b,
+                                   const LNF_VT *kv, ptrdiff_t j)
+{
+    LNF_VT xv = LNF_LOADS(x + j), wv = LNF_LOAD(w + j);
+    return b != NULL ? ((xv - kv[0]) - kv[1]) * kv[2] * wv + LNF_LOAD(b + j) : xv * kv[2] * wv;
+}
+
+/* The map of the LNF_STEP elements of x from i into y; nt (a constant):
+ * streaming stores, else stores behind prefetches of y. */
+LNF_ATTR LNF_INLINE void map_step(const LNF_S *x, LNF_S *y, const LNF_T *w, const LNF_T *b,
+                                  const LNF_VT *kv, ptrdiff_t i, int nt)
+{
+    for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_VE) {
+        LNF_VT yv[LNF_MAPW];
+        if ((j - i) % LNF_LANES == 0 && !nt)
+            LNF_PREFETCH_OUT(y, j);
+        for (int v = 0; v < LNF_MAPW; v++)
+            yv[v] = map_vec(x, w, b, kv, j + v * LNF_VE);
+        LNF_OUTW(y + j, yv, nt);
+    }
+}
+
+/* The map of the LNF_LANES elements of x from i into y. */
+LNF_ATTR LNF_INLINE void map_lanes(const LNF_S *x, LNF_S *y, const LNF_T *w, const LNF_T *b,
+                                   const LNF_VT *kv, ptrdiff_t i, int nt)
+{
+    (void)nt;   /* (16-bit rows: no streaming stores) */
+    for (ptrdiff_t j = i; j < i + LNF_LANES; j += LNF_VE)
+        LNF_OUT(y + j, map_vec(x, w, b, kv, j), nt);
+}
+
+/* The vector at j of the row to sum, less the shift (next1's vector). */
+LNF_ATTR LNF_INLINE LNF_VT next_vec(const LNF_S *xn, const LNF_S *rn, LNF_S *zn, LNF_VT sh,
+                                    ptrdiff_t j)
+{
+    LNF_VT v = LNF_LOADS(xn + j);
+    if (rn != NULL) {
+        v = LNF_ROUND(v + LNF_LOADS(rn + j));
+        LNF_STORES(zn + j, v);
+    }
+    return v - sh;
+}
+
+/* The block sums of d and d^2 over a step from i (or, with block 1, over
+ * LNF_LANES elements): lane k adds elements k, k + LANES, ... in order. */
+LNF_ATTR LNF_INLINE void next_blocks(const LNF_S *xn, const LNF_S *rn, LNF_S *zn, LNF_VT sh,
+                                     ptrdiff_t i, int block, LNF_VT *p, LNF_VT *q)
+{
+    for (int v = 0; v < LNF_NV; v++) {
+        LNF_VT d = next_vec(xn, rn, zn, sh, i + v * LNF_VE);
+        p[v] = d, q[v] = d * d;
+        for (int k = 1; k < block; k++) {
+            d = next_vec(xn, rn, zn, sh, i + k * LNF_LANES + v * LNF_VE);
+            p[v] += d, q[v] += d * d;
+        }
+    }
+}
+
+/* The backward map of the LNF_LANES elements from j (kv: its scalars
+ * splatted), dx streamed when nt, the dweight/dbias terms added to dw and
+ * db (db NULL: RMSNorm). */
+LNF_ATTR LNF_INLINE void grad_map_lanes(const LNF_S *x, const LNF_S *dy, const LNF_S *dz,
+                                        LNF_S *dx, const LNF_VT *kv, LNF_T *dw, LNF_T *db,
+                                        const LNF_T *w, ptrdiff_t j, int nt)
+{
+    (void)nt;   /* (16-bit rows: no streaming stores) */
+    LNF_VT t[LNF_NV], dyt[LNF_NV];
+    for (int v = 0; v < LNF_NV; v++) {
+        ptrdiff_t e = j + v * LNF_VE;
+        LNF_VT xv = LNF_LOADS(x + e), dyv = LNF_LOADS(dy + e);
+        LNF_VT xh = ((xv - kv[0]) - kv[1]) * kv[2];
+        LNF_VT dxv = kv[2] * ((dyv * LNF_LOAD(w + e) - kv[3]) - xh * kv[4]);
+        if (dz != NULL)
+            dxv += LNF_LOADS(dz + e);
+        LNF_OUT(dx + e, dxv, nt);
+        t[v] = dyv * xh, dyt[v] = dyv;
+    }
+    LNF_ACC_MEM(dw + j, t);
+    if (db != NULL)
+        LNF_ACC_MEM(db + j, dyt);
+}
+
+/* The block sums of the backward terms d, g, g d (grad_terms1) over a step
+ * from i (or, with block 1, over LNF_LANES elements) into p[0..2]. */
+LNF_ATTR LNF_INLINE void grad_blocks(const LNF_S *xn, const LNF_S *dyn, const LNF_T *w,
+                                     LNF_VT m, ptrdiff_t i, int block, LNF_VT p[3][LNF_NV])
+{
+    for (int v = 0; v < LNF_NV; v++)
+        for (int q = 0; q < block; q++) {
+            ptrdiff_t e = i + q * LNF_LANES + v * LNF_VE;
+            LNF_VT d = LNF_LOADS(xn + e) - m, g = LNF_LOADS(dyn + e) * LNF_LOAD(w + e);
+            LNF_VT gd = g * d;
+            if (q == 0)
+                p[0][v] = d, p[1][v] = g, p[2][v] = gd;
+            else
+                p[0][v] += d, p[1][v] += g, p[2][v] += gd;
+        }
+}
+#endif
+
 /* The forward sweep over one row's columns, doing up to two things (the
  * named operations below pass NULL for what they leave out):
  *
  * - the map of a row (x != NULL):  y = ((x - hi) - lo) * rs * w + b, or
  *   y = x * rs * w when b is NULL (RMSNorm).  y may be x itself.
  * - the sums of the next row (xn != NULL): v = xn, or v = xn + rn stored to
- *   zn when rn is not NULL (the fused residual add; the sums see z as
- *   stored), and s[0] = sum(v - shift), s[1] = sum((v - shift)^2),
- *   differences and squares in LNF_T, sums in float64 lanes fed in blocks;
- *   s[2] = shift: 0 when centered is 0 (RMSNorm), the row's first value
- *   when 1, `hi` when 2 (a second look at a row, x NULL and rn NULL).
+ *   zn when rn is not NULL (next1), and s[0] = sum(v - shift),
+ *   s[1] = sum((v - shift)^2), differences and squares in LNF_T, sums in
+ *   float64 lanes fed in blocks; s[2] = shift: 0 when centered is 0
+ *   (RMSNorm), the row's first value when 1, `hi` when 2 (a second look at
+ *   a row, x NULL and rn NULL).
  *
  * With `stream` set, y is written with streaming stores (LNF_OUT) where it
  * starts on 16 bytes.
@@ -261,65 +461,25 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
                               int stream)
 {
     double t1 = 0.0, t2 = 0.0;
-#if !LNF_VECTOR
-    double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0};   /* the lanes */
-#endif
     ptrdiff_t i = 0;
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream && x != NULL
                    && (uintptr_t)y % 16 == 0;
     (void)nt;   /* (unused by the plain C loops) */
     LNF_T shift = 0;
-#define LNF_MAP1(j)                                                                   \
-    LNF_PUT(y, j, b != NULL ? ((LNF_GET(x, j) - hi) - lo) * rs * w[j] + b[j]          \
-                            : LNF_GET(x, j) * rs * w[j])
-#define LNF_NEXT1(j)                                                                  \
-    (rn != NULL ? (LNF_PUT(zn, j, LNF_GET(xn, j) + LNF_GET(rn, j)), LNF_GET(zn, j))   \
-                : LNF_GET(xn, j))
     if (xn != NULL && centered)
-        shift = centered == 2 ? hi : LNF_NEXT1(0);
+        shift = centered == 2 ? hi : next1(xn, rn, zn, 0);
 #if LNF_VECTOR
-    LNF_VD a[LNF_ND], c[LNF_ND];
-    const LNF_VT sh = LNF_SPLAT(shift), vhi = LNF_SPLAT(hi), vlo = LNF_SPLAT(lo),
-                 vrs = LNF_SPLAT(rs);
-    LNF_ZERO(a);
-    LNF_ZERO(c);
-#if LNF_SUPER > 1
-    LNF_VT P[LNF_NV] = {0}, Q[LNF_NV] = {0};   /* LNF_SUPER blocks' sums */
+    lnf_lanes l1, l2;
+    const LNF_VT sh = LNF_SPLAT(shift), kv[3] = {LNF_SPLAT(hi), LNF_SPLAT(lo), LNF_SPLAT(rs)};
     int nb = 0;
-#endif
-#define LNF_MAPV(j)                                                                \
-    ({                                                                             \
-        LNF_VT xv_ = LNF_LOADS(x + (j)), wv_ = LNF_LOAD(w + (j));                  \
-        b != NULL ? ((xv_ - vhi) - vlo) * vrs * wv_ + LNF_LOAD(b + (j)) : xv_ * vrs * wv_; \
-    })
-#define LNF_MAP(j) LNF_OUT(y + (j), LNF_MAPV(j), nt)
-#define LNF_NEXT(j)                                                                \
-    ({                                                                             \
-        LNF_VT v_ = LNF_LOADS(xn + (j));                                           \
-        if (rn != NULL) {                                                          \
-            v_ = LNF_ROUND(v_ + LNF_LOADS(rn + (j)));                              \
-            LNF_STORES(zn + (j), v_);                                              \
-        }                                                                          \
-        v_ - sh;                                                                   \
-    })
-    /* The map of a step, streamed (NT) or not: two copies of the loop, so
-     * that the common one is the loop without the test. */
-#define LNF_MAPSTEP(NT)                                                            \
-    for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_VE) {              \
-        LNF_VT yv[LNF_MAPW];                                                       \
-        if ((j - i) % LNF_LANES == 0 && !(NT))                                     \
-            LNF_PREFETCH_OUT(y, j);                                                \
-        for (int v = 0; v < LNF_MAPW; v++)                                         \
-            yv[v] = LNF_MAPV(j + v * LNF_VE);                                      \
-        LNF_OUTW(y + j, yv, NT);                                                   \
-    }
+    lanes_init(&l1);
+    lanes_init(&l2);
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
         if (x != NULL) {
-            if (__builtin_expect(nt, 0)) {
-                LNF_MAPSTEP(1);
-            } else {
-                LNF_MAPSTEP(0);
-            }
+            if (__builtin_expect(nt, 0))    /* (two copies: the common one without the test) */
+                map_step(x, y, w, b, kv, i, 1);
+            else
+                map_step(x, y, w, b, kv, i, 0);
         }
         if (xn != NULL) {
             LNF_AHEAD(xn, xf, i, n);
@@ -329,67 +489,39 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
                     LNF_PREFETCH_OUT(zn, j);
             }
             LNF_VT p[LNF_NV], q[LNF_NV];
-            for (int v = 0; v < LNF_NV; v++) {
-                LNF_VT d = LNF_NEXT(i + v * LNF_VE);
-                p[v] = d, q[v] = d * d;
-                for (int k = 1; k < LNF_BLOCK; k++) {
-                    d = LNF_NEXT(i + k * LNF_LANES + v * LNF_VE);
-                    p[v] += d, q[v] += d * d;
-                }
-            }
-#if LNF_SUPER > 1
-            for (int v = 0; v < LNF_NV; v++)
-                P[v] += p[v], Q[v] += q[v];
-            if (++nb == LNF_SUPER) {
-                LNF_ACC(a, P);
-                LNF_ACC(c, Q);
-                for (int v = 0; v < LNF_NV; v++)
-                    P[v] = Q[v] = (LNF_VT){0};
-                nb = 0;
-            }
-#else
-            LNF_ACC(a, p);
-            LNF_ACC(c, q);
-#endif
+            next_blocks(xn, rn, zn, sh, i, LNF_BLOCK, p, q);
+            int close = step_closes(&nb);
+            lanes_add_step(&l1, p, close);
+            lanes_add_step(&l2, q, close);
         }
     }
-#if LNF_SUPER > 1
-    if (nb) {
-        LNF_ACC(a, P);
-        LNF_ACC(c, Q);
-    }
-#endif
+    lanes_close(&l1, nb);
+    lanes_close(&l2, nb);
     for (; i + LNF_LANES <= n; i += LNF_LANES) {
         if (x != NULL)
-            for (ptrdiff_t j = i; j < i + LNF_LANES; j += LNF_VE)
-                LNF_MAP(j);
+            map_lanes(x, y, w, b, kv, i, nt);
         if (xn != NULL) {
             LNF_VT p[LNF_NV], q[LNF_NV];
-            for (int v = 0; v < LNF_NV; v++) {
-                p[v] = LNF_NEXT(i + v * LNF_VE);
-                q[v] = p[v] * p[v];
-            }
-            LNF_ACC(a, p);
-            LNF_ACC(c, q);
+            next_blocks(xn, rn, zn, sh, i, 1, p, q);
+            LNF_ACC(l1.acc, p);
+            LNF_ACC(l2.acc, q);
         }
     }
-#undef LNF_MAP
-#undef LNF_MAPV
-#undef LNF_MAPSTEP
-#undef LNF_NEXT
 #else
+    (void)xf, (void)rf;     /* (no prefetches) */
+    double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0};   /* the lanes */
     ptrdiff_t body = n - n % LNF_LANES;
     if (x != NULL)
         for (ptrdiff_t j = 0; j < body; j++)
-            LNF_MAP1(j);
+            map1(x, y, w, b, hi, lo, rs, j);
     if (xn != NULL) {
         LNF_T P[LNF_LANES] = {0}, Q[LNF_LANES] = {0};  /* LNF_SUPER blocks' sums */
         int nb = 0;
         for (; i + LNF_STEP <= n; i += LNF_STEP) {
             for (int k = 0; k < LNF_LANES; k++) {
-                LNF_T d = LNF_NEXT1(i + k) - shift, p = d, q = d * d;
+                LNF_T d = next1(xn, rn, zn, i + k) - shift, p = d, q = d * d;
                 for (int j = 1; j < LNF_BLOCK; j++) {
-                    d = LNF_NEXT1(i + j * LNF_LANES + k) - shift;
+                    d = next1(xn, rn, zn, i + j * LNF_LANES + k) - shift;
                     p += d, q += d * d;
                 }
                 P[k] += p, Q[k] += q;
@@ -402,7 +534,7 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
         }
         for (; i + LNF_LANES <= n; i += LNF_LANES)
             for (int k = 0; k < LNF_LANES; k++) {
-                LNF_T d = LNF_NEXT1(i + k) - shift, q = d * d;
+                LNF_T d = next1(xn, rn, zn, i + k) - shift, q = d * d;
                 s1[k] += d, s2[k] += q;
             }
     }
@@ -410,21 +542,19 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
 #endif
     for (; i < n; i++) {
         if (x != NULL)
-            LNF_MAP1(i);
+            map1(x, y, w, b, hi, lo, rs, i);
         if (xn != NULL) {
-            LNF_T d = LNF_NEXT1(i) - shift, q = d * d;
+            LNF_T d = next1(xn, rn, zn, i) - shift, q = d * d;
             t1 += d, t2 += q;
         }
     }
-#undef LNF_MAP1
-#undef LNF_NEXT1
 #if LNF_CAN_STREAM
     if (nt)
         _mm_sfence();   /* streaming stores are weakly ordered */
 #endif
     if (xn != NULL) {
-        s[0] = LNF_FOLD(s1, a) + t1;
-        s[1] = LNF_FOLD(s2, c) + t2;
+        s[0] = LNF_FOLD(s1, l1.acc) + t1;
+        s[1] = LNF_FOLD(s2, l2.acc) + t2;
         s[2] = shift;
     }
 }
@@ -442,191 +572,123 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
  * - the sums of the next row (xn != NULL), every term in LNF_T with
  *   d = xn - mean_n and g = dyn * w: out = {sum(d), sum(g), sum(g * d)} in
  *   float64 lanes fed in blocks.
- * With `stream` & LNF_STREAMED, dx is written with streaming stores, as y above,
- * fenced at the end unless `stream` & LNF_STREAM_NOFENCE (the caller then
- * calls lnf_stream_fence). */
+ * With `stream` & LNF_STREAMED, dx is written with streaming stores, as y
+ * above, fenced at the end unless `stream` & LNF_STREAM_NOFENCE (the caller
+ * then calls lnf_stream_fence). */
 LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S *dz,
                                    LNF_S *dx, const LNF_T *k, LNF_T *__restrict dw,
                                    LNF_T *__restrict db, const LNF_S *xn, const LNF_S *dyn,
                                    LNF_T mean_n, double *out, const LNF_T *__restrict w,
                                    ptrdiff_t n, const LNF_S *xf, const LNF_S *dyf, int stream)
 {
-    double td = 0.0, tg = 0.0, tgd = 0.0;
-#if !LNF_VECTOR
-    double sd[LNF_LANES] = {0}, sg[LNF_LANES] = {0}, sgd[LNF_LANES] = {0};
-#endif
+    double tails[3] = {0.0, 0.0, 0.0};
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && (stream & LNF_STREAMED) && x != NULL
                    && (uintptr_t)dx % 16 == 0;
     (void)nt;   /* (unused by the plain C loops) */
-    LNF_T k0 = 0, k1 = 0, k2 = 0, k3 = 0, k4 = 0;
+    LNF_T kk[5] = {0, 0, 0, 0, 0};
     if (x != NULL)
-        k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3], k4 = k[4];
+        for (int u = 0; u < 5; u++)
+            kk[u] = k[u];
     ptrdiff_t i = 0;
-#define LNF_MAP1(j)                                                               \
-    do {                                                                          \
-        LNF_T dy_ = LNF_GET(dy, j), xh_ = ((LNF_GET(x, j) - k0) - k1) * k2;       \
-        LNF_T dx_ = k2 * ((dy_ * w[j] - k3) - xh_ * k4), t_ = dy_ * xh_;          \
-        LNF_PUT(dx, j, dz != NULL ? dx_ + LNF_GET(dz, j) : dx_);                  \
-        dw[j] += t_;                                                              \
-        if (db != NULL)                                                           \
-            db[j] += dy_;                                                         \
-    } while (0)
-#define LNF_TERMS1(j) \
-    LNF_T d = LNF_GET(xn, j) - mean_n, g = LNF_GET(dyn, j) * w[j], gd = g * d
 #if LNF_VECTOR
-    LNF_VD a[LNF_ND], b[LNF_ND], c[LNF_ND];
-    const LNF_VT m = LNF_SPLAT(mean_n), km0 = LNF_SPLAT(k0), km1 = LNF_SPLAT(k1),
-                 km2 = LNF_SPLAT(k2), km3 = LNF_SPLAT(k3), km4 = LNF_SPLAT(k4);
-    LNF_ZERO(a);
-    LNF_ZERO(b);
-    LNF_ZERO(c);
-#if LNF_SUPER > 1
-    LNF_VT PD[LNF_NV] = {0}, PG[LNF_NV] = {0}, PGD[LNF_NV] = {0};  /* (as forward) */
+    lnf_lanes l[3];
+    const LNF_VT m = LNF_SPLAT(mean_n);
+    const LNF_VT kv[5] = {LNF_SPLAT(kk[0]), LNF_SPLAT(kk[1]), LNF_SPLAT(kk[2]), LNF_SPLAT(kk[3]),
+                          LNF_SPLAT(kk[4])};
     int nb = 0;
-#endif
-    /* The map of LNF_LANES elements from j, dx streamed when NT. */
-#define LNF_MAP(j, NT)                                                            \
-    do {                                                                          \
-        LNF_VT t_[LNF_NV], dyv_[LNF_NV];                                          \
-        for (int v_ = 0; v_ < LNF_NV; v_++) {                                     \
-            ptrdiff_t e_ = (j) + v_ * LNF_VE;                                     \
-            LNF_VT xv = LNF_LOADS(x + e_), dyv = LNF_LOADS(dy + e_);              \
-            LNF_VT xh = ((xv - km0) - km1) * km2;                                 \
-            LNF_VT dxv = km2 * ((dyv * LNF_LOAD(w + e_) - km3) - xh * km4);       \
-            if (dz != NULL)                                                       \
-                dxv += LNF_LOADS(dz + e_);                                        \
-            LNF_OUT(dx + e_, dxv, NT);                                            \
-            t_[v_] = dyv * xh, dyv_[v_] = dyv;                                    \
-        }                                                                         \
-        LNF_ACC_MEM(dw + (j), t_);                                                \
-        if (db != NULL)                                                           \
-            LNF_ACC_MEM(db + (j), dyv_);                                          \
-    } while (0)
-#define LNF_TERMS(j)                                                              \
-    LNF_VT d = LNF_LOADS(xn + (j)) - m, g = LNF_LOADS(dyn + (j)) * LNF_LOAD(w + (j)), \
-           gd = g * d
+    for (int u = 0; u < 3; u++)
+        lanes_init(&l[u]);
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
         if (x != NULL) {
             if (__builtin_expect(nt, 0)) {
                 for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES)
-                    LNF_MAP(j, 1);
+                    grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, j, 1);
             } else {
                 for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES) {
                     LNF_PREFETCH_OUT(dx, j);
-                    LNF_MAP(j, 0);
+                    grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, j, 0);
                 }
             }
         }
         if (xn != NULL) {
             LNF_AHEAD(xn, xf, i, n);
             LNF_AHEAD(dyn, dyf, i, n);
-            LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
-            for (int v = 0; v < LNF_NV; v++) {
-                {
-                    LNF_TERMS(i + v * LNF_VE);
-                    pd[v] = d, pg[v] = g, pgd[v] = gd;
-                }
-                for (int q = 1; q < LNF_BLOCK; q++) {
-                    LNF_TERMS(i + q * LNF_LANES + v * LNF_VE);
-                    pd[v] += d, pg[v] += g, pgd[v] += gd;
-                }
-            }
-#if LNF_SUPER > 1
-            for (int v = 0; v < LNF_NV; v++)
-                PD[v] += pd[v], PG[v] += pg[v], PGD[v] += pgd[v];
-            if (++nb == LNF_SUPER) {
-                LNF_ACC(a, PD);
-                LNF_ACC(b, PG);
-                LNF_ACC(c, PGD);
-                for (int v = 0; v < LNF_NV; v++)
-                    PD[v] = PG[v] = PGD[v] = (LNF_VT){0};
-                nb = 0;
-            }
-#else
-            LNF_ACC(a, pd);
-            LNF_ACC(b, pg);
-            LNF_ACC(c, pgd);
-#endif
+            LNF_VT p[3][LNF_NV];
+            grad_blocks(xn, dyn, w, m, i, LNF_BLOCK, p);
+            int close = step_closes(&nb);
+            for (int u = 0; u < 3; u++)
+                lanes_add_step(&l[u], p[u], close);
         }
     }
-#if LNF_SUPER > 1
-    if (nb) {
-        LNF_ACC(a, PD);
-        LNF_ACC(b, PG);
-        LNF_ACC(c, PGD);
-    }
-#endif
+    for (int u = 0; u < 3; u++)
+        lanes_close(&l[u], nb);
     for (; i + LNF_LANES <= n; i += LNF_LANES) {
         if (x != NULL)
-            LNF_MAP(i, nt);
+            grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, i, nt);
         if (xn != NULL) {
-            LNF_VT pd[LNF_NV], pg[LNF_NV], pgd[LNF_NV];
-            for (int v = 0; v < LNF_NV; v++) {
-                LNF_TERMS(i + v * LNF_VE);
-                pd[v] = d, pg[v] = g, pgd[v] = gd;
-            }
-            LNF_ACC(a, pd);
-            LNF_ACC(b, pg);
-            LNF_ACC(c, pgd);
+            LNF_VT p[3][LNF_NV];
+            grad_blocks(xn, dyn, w, m, i, 1, p);
+            for (int u = 0; u < 3; u++)
+                LNF_ACC(l[u].acc, p[u]);
         }
     }
-#undef LNF_MAP
-#undef LNF_TERMS
 #else
+    (void)xf, (void)dyf;    /* (no prefetches) */
+    double sl[3][LNF_LANES] = {{0}};    /* the lanes */
     ptrdiff_t body = n - n % LNF_LANES;
     if (x != NULL)
         for (ptrdiff_t j = 0; j < body; j++)
-            LNF_MAP1(j);
+            grad_map1(x, dy, dz, dx, kk, dw, db, w, j);
     if (xn != NULL) {
-        LNF_T PD[LNF_LANES] = {0}, PG[LNF_LANES] = {0}, PGD[LNF_LANES] = {0};
+        LNF_T P[3][LNF_LANES] = {{0}};      /* LNF_SUPER blocks' sums */
         int nb = 0;
         for (; i + LNF_STEP <= n; i += LNF_STEP) {
-            for (int kk = 0; kk < LNF_LANES; kk++) {
-                LNF_T pd = 0, pg = 0, pgd = 0;
+            for (int c = 0; c < LNF_LANES; c++) {
+                LNF_T p[3], t[3];
                 for (int j = 0; j < LNF_BLOCK; j++) {
-                    LNF_TERMS1(i + j * LNF_LANES + kk);
+                    grad_terms1(xn, dyn, w, mean_n, i + j * LNF_LANES + c, t);
                     /* the first term starts the block sum, as in the vector code */
-                    pd = j ? pd + d : d, pg = j ? pg + g : g, pgd = j ? pgd + gd : gd;
+                    for (int u = 0; u < 3; u++)
+                        p[u] = j ? p[u] + t[u] : t[u];
                 }
-                PD[kk] += pd, PG[kk] += pg, PGD[kk] += pgd;
+                for (int u = 0; u < 3; u++)
+                    P[u][c] += p[u];
             }
             if (++nb == LNF_SUPER || i + 2 * LNF_STEP > n) {
-                for (int kk = 0; kk < LNF_LANES; kk++) {
-                    sd[kk] += PD[kk], sg[kk] += PG[kk], sgd[kk] += PGD[kk];
-                    PD[kk] = PG[kk] = PGD[kk] = 0;
-                }
+                for (int u = 0; u < 3; u++)
+                    for (int c = 0; c < LNF_LANES; c++)
+                        sl[u][c] += P[u][c], P[u][c] = 0;
                 nb = 0;
             }
         }
         for (; i + LNF_LANES <= n; i += LNF_LANES)
-            for (int kk = 0; kk < LNF_LANES; kk++) {
-                LNF_TERMS1(i + kk);
-                sd[kk] += d, sg[kk] += g, sgd[kk] += gd;
+            for (int c = 0; c < LNF_LANES; c++) {
+                LNF_T t[3];
+                grad_terms1(xn, dyn, w, mean_n, i + c, t);
+                for (int u = 0; u < 3; u++)
+                    sl[u][c] += t[u];
             }
     }
     i = body;
 #endif
     for (; i < n; i++) {
         if (x != NULL)
-            LNF_MAP1(i);
+            grad_map1(x, dy, dz, dx, kk, dw, db, w, i);
         if (xn != NULL) {
-            LNF_TERMS1(i);
-            td += d, tg += g, tgd += gd;
+            LNF_T t[3];
+            grad_terms1(xn, dyn, w, mean_n, i, t);
+            for (int u = 0; u < 3; u++)
+                tails[u] += t[u];
         }
     }
-#undef LNF_MAP1
-#undef LNF_TERMS1
 #if LNF_CAN_STREAM
     if (nt && !(stream & LNF_STREAM_NOFENCE))
         _mm_sfence();
 #endif
-    if (xn != NULL) {
-        out[0] = LNF_FOLD(sd, a) + td;
-        out[1] = LNF_FOLD(sg, b) + tg;
-        out[2] = LNF_FOLD(sgd, c) + tgd;
-    }
+    if (xn != NULL)
+        for (int u = 0; u < 3; u++)
+            out[u] = LNF_FOLD(sl[u], l[u].acc) + tails[u];
 }
-
 
 /* The named operations, with the signatures of lnf_row_ops (kernels.h):
  * array arguments in the storage type (x, y, ...) or the compute type (w,
