@@ -19,8 +19,8 @@ _forked = False
 _MAX_THREADS = 1024
 
 # The variable is read on every call, so it may change at run time.  CPython's
-# os.environ finds a missing key by raising KeyError inside (0.5 us, a tenth
-# of a small call); its underlying dict of encoded keys does not.
+# os.environ finds a missing key by raising KeyError inside (a tenth of a
+# small call); its underlying dict of encoded keys does not.
 try:
     _ENV, _ENV_KEY = os.environ._data, os.environ.encodekey("LNFAST_NUM_THREADS")
 except AttributeError:      # another os.environ

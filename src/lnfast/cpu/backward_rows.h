@@ -333,8 +333,8 @@ static void F(backward_chunk)(const lnf_bwd *b, const REAL *w, const REAL *mean,
 
 /* Where thread t sums a run of a chunk's dweight/dbias terms: float32 rows
  * of its own, one partial stride (4 D floats) apart although they fill
- * half of it (runs of two threads closer together cost 17% at 8192x1024
- * float32, docs/performance.md), or the chunk's float64 partial rows dw
+ * half of it (runs of two threads closer together were slower,
+ * docs/performance.md), or the chunk's float64 partial rows dw
  * themselves. */
 static inline REAL *F(run_rows)(const lnf_reduction *p, double *dw, int t)
 {

@@ -258,8 +258,8 @@ static void F(forward_range)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
 }
 
 /* Each thread takes one contiguous block of rows.  One thread: no OpenMP
- * region at all (a region costs a small call about 0.4 us, even on one
- * thread).  sc: each thread's scratch. */
+ * region at all (a region costs a small call time even on one thread,
+ * docs/performance.md).  sc: each thread's scratch. */
 static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, lnf_scratch *sc)
 {
     const lnf_forward_args *a = f->a;

@@ -262,7 +262,7 @@ LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vh16 lnf_vnarrow_bf16b512(lnf_vf16 v
 }
 
 /* Thirty-two values at once, for the forward map: vcvtne2ps2bf16 takes
- * about what vcvtneps2bf16 takes for sixteen (2.3-2.4 cycles each here).
+ * about what vcvtneps2bf16 takes for sixteen (docs/performance.md).
  * The subnormals it flushes come out as zeros, so only a pair with a zero
  * result is classified, and one holding a subnormal takes the integer code. */
 LNF_F16C("avx512f,avx512dq,avx512bw,avx512bf16") lnf_vh32 lnf_vnarrow2_bf16b512(lnf_vf16 a,
@@ -304,9 +304,8 @@ LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256_any(lnf_vf8 v)
 
 /* Narrowing without NaN (checked first, one compare): round to nearest
  * even in place, then gather the high halves with one byte shuffle and one
- * qword permute: 7 operations per 8 values instead of 12.  In cache, one
- * thread, 512x1024: forward 445 -> 377 ns per row, backward 662 -> 579,
- * the fused add's forward (two narrowings) 891 -> 692. */
+ * qword permute: 7 operations per 8 values instead of 12
+ * (docs/performance.md). */
 LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
 {
     if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q)), 0))

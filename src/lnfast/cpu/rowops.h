@@ -196,8 +196,8 @@ typedef uint16_t lnf_vh __attribute__((vector_size(LNF_VB / 2)));
     } while (0)
 /* Prefetch the output LNF_PREFETCH_BYTES ahead of the LNF_LANES elements of
  * row p from j: a store to a line already in cache needs no read for
- * ownership, which otherwise stalls the sweep (10-25% of the backward's
- * time here).  Past the row's end this reaches the next row; prefetches
+ * ownership, which otherwise stalls the sweep (docs/performance.md).
+ * Past the row's end this reaches the next row; prefetches
  * never fault. */
 #define LNF_PREFETCH_OUT(p, j)                                                     \
     do {                                                                           \
@@ -206,8 +206,8 @@ typedef uint16_t lnf_vh __attribute__((vector_size(LNF_VB / 2)));
     } while (0)
 /* lnf_fold of the lanes acc[0 .. LNF_ND), in registers: the same additions
  * in the same order (lane k + h into lane k, h = 8, 4, 2, 1), whole vectors
- * while h spans them, without the round trip through memory (262144x64
- * float32 backward: 37 -> 30 ns per row). */
+ * while h spans them, without the round trip through memory
+ * (docs/performance.md). */
 _Static_assert(LNF_LANES == 16, "LNF_FOLD spells out lnf_fold for 16 lanes");
 #if LNF_VB == 64
 #define LNF_FOLD1(v) \
