@@ -1,15 +1,16 @@
 /* The row operations of one storage type and one instruction set: the
  * innermost loops of the CPU kernels.
  *
- * A template: each rows_<type>_<isa>.c unit defines its settings and
- * includes this once, which defines the unit's table of row operations,
- * lnf_ops_<LNF_NAME> (kernels.h).  Settings: LNF_NAME; LNF_T (float or
- * double, the compute type), LNF_DOUBLE (1 when LNF_T is double), LNF_S
- * (the storage type) and LNF_STORAGE16 (1 for 16-bit storage, with its
- * conversions LNF_TO_F32 and LNF_FROM_F32 for one value, LNF_VWIDEN and
- * LNF_VNARROW for one vector's values and optionally LNF_VNARROW2 for two
- * vectors'); LNF_ATTR (the functions' target attribute) and LNF_VB (the
- * vector width in bytes: 64, 32 or 16).
+ * A template: each rows_<type>_<isa>.c unit sets it up and includes it
+ * once, which defines the unit's table of row operations,
+ * lnf_ops_<LNF_NAME> (kernels.h).  The storage type's header (type_<type>.h)
+ * sets LNF_T (float or double, the compute type), LNF_DOUBLE (1 when LNF_T
+ * is double), LNF_S (the storage type) and LNF_STORAGE16 (1 for 16-bit
+ * storage, with its conversions LNF_TO_F32 and LNF_FROM_F32 for one value);
+ * the unit sets LNF_NAME, LNF_ATTR (the functions' target attribute),
+ * LNF_VB (the vector width in bytes: 64, 32 or 16) and, for 16-bit
+ * storage, LNF_VWIDEN and LNF_VNARROW for one vector's values and
+ * optionally LNF_VNARROW2 for two vectors'.
  *
  * Each operation is one sweep over a row's columns (dispatch.c picks the
  * build; the drivers in forward.c and backward.c call them):

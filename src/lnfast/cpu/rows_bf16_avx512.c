@@ -1,16 +1,10 @@
 /* bfloat16 rows: the AVX-512 build. */
 #include "simd.h"
-#include "halfconv.h"
 #if LNF_X86_UNITS
+#include "type_bf16.h"
 #define LNF_NAME bf16_avx512
-#define LNF_T float
-#define LNF_S uint16_t
-#define LNF_DOUBLE 0
-#define LNF_STORAGE16 1
 #define LNF_ATTR __attribute__((target("avx512f")))
 #define LNF_VB 64
-#define LNF_TO_F32 lnf_bf16_to_f32
-#define LNF_FROM_F32 lnf_f32_to_bf16
 #define LNF_VWIDEN lnf_vwiden_bf16x512
 #define LNF_VNARROW lnf_vnarrow_bf16x512
 #include "rowops.h"

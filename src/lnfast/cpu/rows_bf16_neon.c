@@ -1,16 +1,10 @@
 /* bfloat16 rows: aarch64, with NEON conversions. */
 #include "simd.h"
-#include "halfconv.h"
 #if LNF_NEON_UNITS
+#include "type_bf16.h"
 #define LNF_NAME bf16_neon
-#define LNF_T float
-#define LNF_S uint16_t
-#define LNF_DOUBLE 0
-#define LNF_STORAGE16 1
 #define LNF_ATTR 
 #define LNF_VB 16
-#define LNF_TO_F32 lnf_bf16_to_f32
-#define LNF_FROM_F32 lnf_f32_to_bf16
 #define LNF_VWIDEN lnf_vwiden_bf16a64
 #define LNF_VNARROW lnf_vnarrow_bf16a64
 #include "rowops.h"

@@ -1,16 +1,10 @@
 /* float16 rows: the AVX2 build, with F16C conversions. */
 #include "simd.h"
-#include "halfconv.h"
 #if LNF_X86_UNITS
+#include "type_f16.h"
 #define LNF_NAME f16_avx2
-#define LNF_T float
-#define LNF_S uint16_t
-#define LNF_DOUBLE 0
-#define LNF_STORAGE16 1
 #define LNF_ATTR __attribute__((target("avx2,f16c")))
 #define LNF_VB 32
-#define LNF_TO_F32 lnf_f16_to_f32
-#define LNF_FROM_F32 lnf_f32_to_f16
 #define LNF_VWIDEN lnf_vwiden_f16c256
 #define LNF_VNARROW lnf_vnarrow_f16c256
 #include "rowops.h"

@@ -1,11 +1,8 @@
 /* float64 rows: the AVX-512 build. */
 #include "simd.h"
 #if LNF_X86_UNITS
+#include "type_f64.h"
 #define LNF_NAME f64_avx512
-#define LNF_T double
-#define LNF_S double
-#define LNF_DOUBLE 1
-#define LNF_STORAGE16 0
 #define LNF_ATTR __attribute__((target("avx512f")))
 #define LNF_VB 64
 #include "rowops.h"
