@@ -184,15 +184,19 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
 int lnf_backward(const lnf_backward_args *a)
 {
     int f32 = a->weight.dtype != LNF_FLOAT64;
-    if (a->D < 1 || a->M < 0 || a->nchunks < 0 || a->dwdb_dtype < 0
-        || a->dwdb_dtype >= LNF_NDTYPES || (f32 && a->x.dtype == LNF_FLOAT64)
-        || (!f32 && a->x.dtype != LNF_FLOAT64))
+    if (a->D < 1 || a->M < 0 || a->nchunks < 0 || a->nchunks > LNF_MAX(a->M, LNF_MAX_CHUNKS)
+        || a->dwdb == NULL || a->dwdb_dtype < 0 || a->dwdb_dtype >= LNF_NDTYPES)
         return LNF_EINVAL;
     ptrdiff_t half = a->D * lnf_itemsize(a->dwdb_dtype);
     if (a->M == 0) {
         memset(a->dwdb, 0, 2 * (size_t)half);
         return LNF_OK;
     }
+    if (!lnf_rows_ok(&a->x, a->M, !f32) || !lnf_rows_ok(&a->dy, a->M, !f32)
+        || !lnf_rows_ok(&a->dx, a->M, !f32)
+        || (a->has_dz && !lnf_rows_ok(&a->dz, a->M, !f32)) || !lnf_vector_ok(&a->weight, !f32)
+        || a->rstd == NULL || (a->centered && a->mean == NULL))
+        return LNF_EINVAL;
     ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
     const lnf_array *rows[4] = {&a->x, &a->dy, &a->dx, a->has_dz ? &a->dz : NULL};
     lnf_bwd b = {a, lnf_kernels_for(a->x.dtype), lnf_kernels_for(f32 ? LNF_FLOAT32 : LNF_FLOAT64),

@@ -22,8 +22,8 @@
 
 /* --- Rows redone (forward.c, backward.c); these fix the bits. --- */
 /* A LayerNorm row is summed again about its mean when its shift (the first
- * value) lies more than sqrt(RESHIFT) standard deviations from the mean
- * (float32 and 16-bit rows; float64 rows: RESHIFT_F64). */
+ * value) lies more than sqrt(LNF_RESHIFT) standard deviations from the mean
+ * (float32 and 16-bit rows; float64 rows: LNF_RESHIFT_F64). */
 #define LNF_RESHIFT 16
 #define LNF_RESHIFT_F64 4
 /* Rows whose variance is below this floor are redone in float64 (squares
@@ -59,7 +59,7 @@
 
 /* --- Speed only: none of these changes a bit. --- */
 /* float32 and float64 outputs whose rows are this long or longer, and of
- * STREAM_MIN_BYTES or more in all, are written with streaming stores. */
+ * LNF_STREAM_MIN_BYTES or more in all, are written with streaming stores. */
 #define LNF_STREAM_ROW_BYTES (1 << 16)
 #define LNF_STREAM_MIN_BYTES (1 << 23)
 /* Columns of the partial rows one thread adds up at a time. */

@@ -25,6 +25,29 @@ static inline ptrdiff_t lnf_itemsize(int dtype)
     return dtype == LNF_FLOAT64 ? 8 : dtype == LNF_FLOAT32 ? 4 : 2;
 }
 
+/* Whether a C caller's array of rows fits the call: a known dtype, data,
+ * aligned elements, `M` rows, and a dtype the compute type can read
+ * (float64 arithmetic: float64 only; float32: float32 or 16-bit). */
+static inline int lnf_rows_ok(const lnf_array *a, ptrdiff_t M, int f64)
+{
+    if (a->dtype < 0 || a->dtype >= LNF_NDTYPES || a->base == NULL
+        || (f64 ? a->dtype != LNF_FLOAT64 : a->dtype == LNF_FLOAT64))
+        return 0;
+    ptrdiff_t n = 1, size = lnf_itemsize(a->dtype);
+    for (int k = 0; k < a->nd; k++)
+        n *= a->shape[k];
+    return n == M && (uintptr_t)a->base % (uintptr_t)size == 0 && a->inner % size == 0;
+}
+
+/* Whether a weight or bias vector fits: one row; contiguous in the compute
+ * type, or 16-bit (any stride) for float32 arithmetic. */
+static inline int lnf_vector_ok(const lnf_array *v, int f64)
+{
+    if (!lnf_rows_ok(v, 1, f64))
+        return 0;
+    return lnf_native(v) ? v->inner == lnf_itemsize(v->dtype) : !f64;
+}
+
 /* Whether a is described and all of arrays[0..n) (NULL: absent) are rows of
  * a's dtype with adjacent elements: the direct (pipelined) path. */
 static inline int lnf_all_direct(const lnf_array *const *arrays, int n)

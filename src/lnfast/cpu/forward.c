@@ -41,10 +41,11 @@ int lnf_streamed(ptrdiff_t D, ptrdiff_t itemsize, ptrdiff_t nbytes)
            && nbytes >= LNF_STREAM_MIN_BYTES;
 }
 
-/* A weight or bias length the map accepts: D, or a constant stand-in. */
-static int param_length_ok(ptrdiff_t n, ptrdiff_t D)
+/* A weight or bias length the map accepts: D, or a constant stand-in of
+ * the compute type (16-bit vectors are widened whole). */
+static int param_length_ok(const lnf_array *v, ptrdiff_t n, ptrdiff_t D)
 {
-    return n == D || (n == LNF_CONSTANT_MAX_D && LNF_CONSTANT_MAX_D < D);
+    return n == D || (n == LNF_CONSTANT_MAX_D && LNF_CONSTANT_MAX_D < D && lnf_native(v));
 }
 
 int lnf_forward(const lnf_forward_args *a)
@@ -52,11 +53,17 @@ int lnf_forward(const lnf_forward_args *a)
     int f64 = a->weight.dtype == LNF_FLOAT64;
     lnf_fwd f = {a, NULL, NULL, a->weight_len, a->centered ? a->bias_len : a->weight_len,
                  0, 0, 1};
-    if (a->D < 1 || a->M < 0 || !param_length_ok(f.wp, a->D) || !param_length_ok(f.bp, a->D)
-        || (f64 && a->x.dtype != LNF_FLOAT64) || (!f64 && a->x.dtype == LNF_FLOAT64))
+    if (a->D < 1 || a->M < 0)
         return LNF_EINVAL;
     if (a->M == 0)
         return LNF_OK;
+    if (!lnf_rows_ok(&a->x, a->M, f64) || !lnf_rows_ok(&a->y, a->M, f64)
+        || (a->has_residual
+            && (!lnf_rows_ok(&a->residual, a->M, f64) || !lnf_rows_ok(&a->z, a->M, f64)))
+        || !lnf_vector_ok(&a->weight, f64) || (a->centered && !lnf_vector_ok(&a->bias, f64))
+        || !param_length_ok(&a->weight, f.wp, a->D)
+        || (a->centered && !param_length_ok(&a->bias, f.bp, a->D)))
+        return LNF_EINVAL;
     const lnf_array *rows[4] = {&a->x, &a->y, a->has_residual ? &a->residual : NULL,
                                 a->has_residual ? &a->z : NULL};
     f.kx = lnf_kernels_for(a->x.dtype);

@@ -267,7 +267,7 @@ static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, ln
     if (nt == 1) {
         const REAL *w = lnf_param(&a->weight, sc->params, D);
         /* (RMSNorm: b unread) */
-        const REAL *b = a->centered ? lnf_param(&a->bias, (REAL *)sc->params + D, D) : w;
+        const REAL *b = a->centered ? lnf_param(&a->bias, sc->params ? (REAL *)sc->params + D : NULL, D) : w;
         F(forward_range)(f, w, b, mean_out, rstd_out, 0, M, sc);
         return;
     }
@@ -275,7 +275,7 @@ static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, ln
     {
         lnf_scratch *mine = sc + omp_get_thread_num();
         const REAL *w = lnf_param(&a->weight, mine->params, D);
-        const REAL *b = a->centered ? lnf_param(&a->bias, (REAL *)mine->params + D, D) : w;
+        const REAL *b = a->centered ? lnf_param(&a->bias, mine->params ? (REAL *)mine->params + D : NULL, D) : w;
 #pragma omp for schedule(static)
         for (ptrdiff_t t = 0; t < nt; t++)
             F(forward_range)(f, w, b, mean_out, rstd_out, t * M / nt, (t + 1) * M / nt, mine);

@@ -9,8 +9,8 @@
  *
  * The functions return 0, or LNF_EINVAL (arguments that do not fit
  * together; nothing written) or LNF_ENOMEM (no memory for scratch; outputs
- * may be partly written).  They take no locks; lnf_select must not run
- * while another call does.
+ * may be partly written).  They take no locks: call lnf_select once before
+ * calls from several threads, and not while another call runs.
  */
 #ifndef LNFAST_CPU_H
 #define LNFAST_CPU_H
@@ -53,8 +53,11 @@ int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_
  * stride; weight_len and bias_len are D, or LNF_CONSTANT_MAX_D < D for a
  * constant vector (ones, zeros), which the map then repeats.  Outputs may
  * be the inputs (y may be x: each row is read before it is written).
- * Rows of any dtype and stride mix: rows not contiguous in x's dtype are
- * gathered. */
+ * Rows of float32 arithmetic may mix float32 and 16-bit arrays, of any
+ * aligned strides (rows not contiguous in x's dtype are gathered); float64
+ * arithmetic takes float64 arrays.  Arguments that do not fit (dtypes, row
+ * counts, misaligned data, a strided float32/float64 vector, a 16-bit
+ * stand-in) give LNF_EINVAL. */
 typedef struct lnf_forward_args {
     lnf_array x, residual, z, y, weight, bias;
     ptrdiff_t weight_len, bias_len;

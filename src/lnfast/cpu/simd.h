@@ -3,7 +3,7 @@
  *
  * On x86-64 Linux the row operations are built for AVX-512, AVX2 and the
  * SSE2 baseline, each in units of their own (rows_*.c), and one is chosen
- * once per storage type at import (dispatch.c).  Elsewhere the baseline is
+ * once per storage type (lnf_select, dispatch.c).  Elsewhere the baseline is
  * built (NEON on aarch64, with NEON conversions for 16-bit rows).  A build
  * never needs -march=native, and -ffp-contract=off keeps every version's
  * rounding the same (no fused multiply-add).
@@ -36,7 +36,7 @@ typedef uint16_t lnf_vh4 __attribute__((vector_size(8)));
 /* Code built for AVX-512 or AVX2 and chosen at run time: target
  * attributes and __builtin_cpu_supports, which any C library on x86-64
  * Linux allows (glibc and musl).  target_clones (LNF_CLONES, for the
- * element-wise helpers of convert.c and reduce.c) also needs glibc's
+ * element-wise helpers of convert.c and backward.c) also needs glibc's
  * ifunc. */
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) \
     && !defined(LNFAST_NO_DISPATCH) && (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 8)
