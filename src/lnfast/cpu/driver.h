@@ -16,8 +16,6 @@
 
 #define LNF_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LNF_MAX(a, b) ((a) > (b) ? (a) : (b))
-#define LNF_CAT_(a, b) a##_##b
-#define LNF_CAT(a, b) LNF_CAT_(a, b)
 
 /* Bytes per element of a dtype. */
 static inline ptrdiff_t lnf_itemsize(int dtype)
