@@ -49,6 +49,9 @@ def add_arguments(p):
     p.add_argument("--isa", choices=["best", "avx512", "avx2", "portable"], default="best",
                    help="run lnfast's row sweeps built for a lesser instruction set than the "
                         "CPU's best (what CPUs without it get); default: best")
+    p.add_argument("--axes", action="store_true",
+                   help="LayerNorm over other axes (channels-first (N, C, H, W) over C, and "
+                        "two trailing axes) against PyTorch's ways, instead")
     p.add_argument("--gpu", action="store_true",
                    help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
 
@@ -251,6 +254,11 @@ def run(args):
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(threads)
+    if args.axes:
+        from lnfast import _bench_axes
+
+        _bench_axes.run(args, torch, threads)
+        return 0
 
     rng = np.random.default_rng(0)
     results = []

@@ -36,17 +36,47 @@ def array(name, a):
 
 
 def data(name, a):
-    """An input holding rows to normalize (x, residual): returns D."""
+    """An input holding rows to normalize (x, residual): a float array of at
+    least one axis."""
     array(name, a)
     if a.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {a.dtype}")
     if a.ndim == 0:
         raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
-    if a.shape[-1] == 0:
-        raise ValueError(
-            f"{name} must have a non-empty last axis (D >= 1), got shape {a.shape}"
-        )
-    return a.shape[-1]
+    return a
+
+
+def axes(axis, ndim):
+    """`axis` (SPEC "Axes": an int or a tuple of ints, negative from the
+    end) as a sorted tuple of distinct axes in [0, ndim).  A repeated or
+    out-of-range axis is a ValueError (numpy's AxisError for out of range),
+    any other kind a TypeError."""
+    items = axis if type(axis) is tuple else (axis,)
+    if not items:
+        raise ValueError("axis must name at least one axis, got ()")
+    seen = []
+    for a in items:
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, numbers.Integral):
+            raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
+        k = int(a)
+        if not -ndim <= k < ndim:
+            raise np.exceptions.AxisError(
+                f"axis {k} is out of range for x of {ndim} dimension(s) (axis={axis!r})")
+        k %= ndim
+        if k in seen:
+            raise ValueError(f"axis must not repeat an axis, got {axis!r}")
+        seen.append(k)
+    return tuple(sorted(seen))
+
+
+def normalized(name, a, ax):
+    """The shape of a's normalized axes `ax` (sorted, from axes()); their
+    product D must be at least 1."""
+    shape = tuple(a.shape[k] for k in ax)
+    if 0 in shape:
+        where = "last axis" if ax == (a.ndim - 1,) else f"normalized axes {ax}"
+        raise ValueError(f"{name} must have a non-empty {where} (D >= 1), got shape {a.shape}")
+    return shape
 
 
 def like(name, a, x, x_name="x"):
@@ -59,26 +89,29 @@ def like(name, a, x, x_name="x"):
     return a
 
 
-def param(name, p, D, dtype):
-    """weight or bias: None, or a length-D vector of x's dtype or float32."""
+def param(name, p, shape, dtype):
+    """weight or bias: None, or an array of the normalized axes' shape (a
+    length-D vector for one axis), of x's dtype or float32."""
     if p is None:
         return None
     array(name, p)
     if p.dtype != dtype and p.dtype != np.float32:
         also = "" if dtype == np.float32 else " or float32"
         raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {p.dtype}")
-    if p.shape != (D,):
-        raise ValueError(f"{name} must have shape ({D},), got {p.shape}")
+    if p.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (the normalized axes'), got {p.shape}")
     return p
 
 
 def stats(name, s, shape):
-    """mean or rstd as returned by a forward pass: float, shape x.shape[:-1]."""
+    """mean or rstd as returned by a forward pass: float, x's shape without
+    the normalized axes."""
     array(name, s)
     if s.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {s.dtype}")
     if s.shape != shape:
-        raise ValueError(f"{name} must have shape {shape} (x.shape[:-1]), got {s.shape}")
+        raise ValueError(
+            f"{name} must have shape {shape} (x's without the normalized axes), got {s.shape}")
     return s
 
 
@@ -116,14 +149,21 @@ def out(o, shape, dtype):
     return o
 
 
-def forward_args(x, residual, weight, bias, eps_value, out_array, centered):
+def rows(name, x, axis):
+    """x's normalized axes for `axis`, and their shape."""
+    data(name, x)
+    ax = axes(axis, x.ndim)
+    return ax, normalized(name, x, ax)
+
+
+def forward_args(x, residual, weight, bias, eps_value, out_array, centered, axis=-1):
     """A forward call's arguments, in the order the functions name them (bias
     only when centered, residual and out when given); returns eps as a
-    float.  Shared by the CPU and GPU backends."""
-    D = data("x", x)
-    param("weight", weight, D, x.dtype)
+    float.  Shared by the CPU and GPU backends and lnfast._axes."""
+    _, shape = rows("x", x, axis)
+    param("weight", weight, shape, x.dtype)
     if centered:
-        param("bias", bias, D, x.dtype)
+        param("bias", bias, shape, x.dtype)
     value = eps(eps_value)
     if residual is not None:
         like("residual", residual, x)
@@ -132,14 +172,16 @@ def forward_args(x, residual, weight, bias, eps_value, out_array, centered):
     return value
 
 
-def backward_args(dy, x, mean, rstd, weight, dz, centered, x_name="x"):
+def backward_args(dy, x, mean, rstd, weight, dz, centered, x_name="x", axis=-1):
     """A backward call's arguments (mean only when centered, dz when given);
-    x_name: x's name in the messages.  Shared by the CPU and GPU backends."""
-    D = data(x_name, x)
+    x_name: x's name in the messages.  Shared by the CPU and GPU backends
+    and lnfast._axes."""
+    ax, shape = rows(x_name, x, axis)
     like("dy", dy, x, x_name)
+    lead = tuple(n for k, n in enumerate(x.shape) if k not in ax)
     if centered:
-        stats("mean", mean, x.shape[:-1])
-    stats("rstd", rstd, x.shape[:-1])
-    param("weight", weight, D, x.dtype)
+        stats("mean", mean, lead)
+    stats("rstd", rstd, lead)
+    param("weight", weight, shape, x.dtype)
     if dz is not None:
         like("dz", dz, x, x_name)

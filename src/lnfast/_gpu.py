@@ -188,17 +188,30 @@ def _vector(p, value, D, dtype):
 
 # --- entry points (those of lnfast._kernels, the CPU backend) ---------------
 
-def forward(x, residual, weight, bias, eps, out, centered, stats):
+def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None):
     eps = _checks.forward_args(x, residual, weight, bias, eps, out, centered)
     with x.device:      # outputs, kernels and launches on x's device
-        return _forward(x, weight, bias, eps, centered, residual, out, stats and centered,
-                        stats)
+        y, z, mean, rstd = _forward(x, weight, bias, eps, centered, residual, out,
+                                    stats and centered, stats)
+    if z_out is not None:
+        z_out[...] = z
+        z = z_out
+    return y, z, mean, rstd
 
 
-def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x"):
+def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None):
     _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name)
     with x.device:
-        return _backward(dy, x, mean, rstd, weight, centered, dz)
+        dx, dw, db = _backward(dy, x, mean, rstd, weight, centered, dz)
+    if dx_out is not None:
+        dx_out[...] = dx
+        dx = dx_out
+    return dx, dw, db
+
+
+def empty(shape, dtype):
+    """An uninitialized C-ordered CuPy array on the current device."""
+    return _cupy().empty(shape, dtype)
 
 
 def _forward(x, weight, bias, eps, centered, residual, out, with_mean, with_rstd):

@@ -16,6 +16,8 @@ From there one path serves both (docs/api.md, "Call overhead").
 from libc.float cimport DBL_MAX
 
 cimport numpy as cnp
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -40,12 +42,13 @@ cdef object pool_handler = _pool.handler
 # ---------------------------------------------------------------------------
 # The step.
 
-def forward(x, residual, weight, bias, eps, out, bint centered, bint stats):
+def forward(x, residual, weight, bias, eps, out, bint centered, bint stats, z_out=None):
     """Normalize the rows of x (of x + residual when residual is not None)
     over its last axis: LayerNorm when centered, else RMSNorm (bias
     unread).  Returns (y, z, mean, rstd): z = x + residual, or None; mean
     (centered) and rstd only when `stats`, else None.  y is `out` when out
-    is given."""
+    is given; z is z_out when given (lnfast._axes: a writeable array of
+    x's shape that overlaps no argument)."""
     cdef int t, ct
     cdef cnp.ndarray xa
     cdef bint ordinary = (out is None and type(eps) is float and ordinary_rows(x, &t, &ct)
@@ -73,7 +76,10 @@ def forward(x, residual, weight, bias, eps, out, bint centered, bint stats):
         y = target = out
     else:
         y, target = out, cnp.PyArray_EMPTY(nd, dims, t, 0)
-    z = new_array(nd, dims, t, nbytes) if residual is not None else None
+    if residual is None:
+        z = None
+    else:
+        z = z_out if z_out is not None else new_array(nd, dims, t, nbytes)
     mean = new_array(nd - 1, dims, ct, stat_bytes) if stats and centered else None
     rstd = new_array(nd - 1, dims, ct, stat_bytes) if stats else None
     if M:
@@ -84,11 +90,12 @@ def forward(x, residual, weight, bias, eps, out, bint centered, bint stats):
     return y, z, mean, rstd
 
 
-def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x"):
+def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x", dx_out=None):
     """The gradients of forward's y (with stats) for the rows of x: (dx
     [+ dz], dweight, dbias), dweight and dbias summed over every row in the
     weight's dtype (the compute dtype when weight is None); dbias zero
-    unless centered.  x_name: x's name in error messages."""
+    unless centered.  x_name: x's name in error messages.  dx is dx_out
+    when given (as z_out in forward)."""
     cdef int t, ct, gt
     cdef cnp.ndarray xa
     cdef bint ordinary = ordinary_rows(x, &t, &ct)
@@ -112,7 +119,7 @@ def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x"):
     cdef cnp.npy_intp D = dims[nd - 1], M = cnp.PyArray_SIZE(x0) // D
     cdef cnp.npy_intp grads[2]
     grads[0], grads[1] = 2, D
-    dx = new_array(nd, dims, t, cnp.PyArray_NBYTES(x0))
+    dx = dx_out if dx_out is not None else new_array(nd, dims, t, cnp.PyArray_NBYTES(x0))
     if M == 0:
         return dx, cnp.PyArray_ZEROS(1, &D, gt, 0), cnp.PyArray_ZEROS(1, &D, gt, 0)
     cdef Py_ssize_t nchunks = chunks_for(M, D)
@@ -121,6 +128,14 @@ def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x"):
                  constant(1.0, D, ct) if weight is None else weight, dx, dwdb, nchunks, centered,
                  min(<Py_ssize_t>threads_for(M * D, PARALLEL_MIN_ELEMENTS_BACKWARD), nchunks))
     return dx, dwdb[0], dwdb[1]
+
+
+def empty(shape, dtype):
+    """numpy.empty(shape, dtype), large buffers from the output cache."""
+    a = np.empty(0, dtype)
+    cdef cnp.ndarray d = np.asarray(shape, dtype=np.intp)
+    return new_array(len(shape), <cnp.npy_intp*>cnp.PyArray_DATA(d), a.dtype.num,
+                     math.prod(shape) * a.itemsize)
 
 
 # How many fixed row chunks the backward pass sums dweight/dbias over: a

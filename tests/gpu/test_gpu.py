@@ -290,3 +290,30 @@ def test_mixing_numpy_and_cupy_is_a_type_error():
 def test_show_config_reports_the_gpu(capsys):
     lnfast.show_config()
     assert "gpu" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 24, 5, 7), 1), ((4, 6, 5, 7), (2, 3)),
+                                        ((4, 6, 5, 7), (1, 3)), ((2, 3, 40), (0, 2))])
+def test_any_axis_matches_cpu(rng, shape, axis):
+    """SPEC "Axes" on CuPy arrays: shapes, C order, values of the CPU's."""
+    ax = axis if isinstance(axis, tuple) else (axis,)
+    norm = tuple(shape[k] for k in ax)
+    x = rng.standard_normal(shape).astype(np.float32)
+    r, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    w = (1 + 0.2 * rng.standard_normal(norm)).astype(np.float32)
+    b = rng.standard_normal(norm).astype(np.float32)
+    gx, gr, gdy, gw, gb = gpu(x, r, dy, w, b)
+    y, z, mean, rstd = lnfast.add_layer_norm_forward(gx, gr, gw, gb, axis=axis)
+    dx, dw, db = lnfast.add_layer_norm_backward(gdy, z, mean, rstd, gw, axis=axis)
+    check_device_results(y, z, mean, rstd, dx, dw, db)
+    cy, cz, cmean, crstd = lnfast.add_layer_norm_forward(x, r, w, b, axis=axis)
+    cdx, cdw, cdb = lnfast.add_layer_norm_backward(dy, cz, cmean, crstd, w, axis=axis)
+    assert mean.shape == cmean.shape and dw.shape == w.shape
+    for g, c in zip(host(y, z, rstd, dx, dw, db), (cy, cz, crstd, cdx, cdw, cdb)):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-4)
+    out = cp.empty_like(gx)
+    assert lnfast.rms_norm(gx, gw, axis=axis, out=out) is out
+    np.testing.assert_allclose(host(out)[0], lnfast.rms_norm(x, w, axis=axis), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="axis"):
+        lnfast.layer_norm(gx, axis=(1, 1))

@@ -10,7 +10,9 @@
  * LNF_RUN_ROWS rows or fewer) rounds it straight to the output.  Threads
  * take chunks of their own, or, for long rows (LNF_BLOCKED_ROW_BYTES),
  * every thread takes every chunk, each its share of the columns
- * (backward_blocks). */
+ * (backward_blocks).  Rows far apart whose neighbours are adjacent are
+ * taken by tiles, which add their terms into the partial rows directly
+ * (tileops.h; backward_tiles). */
 #include <stdlib.h>
 
 #include "driver.h"
@@ -25,6 +27,7 @@ typedef struct lnf_bwd {
     const lnf_kernels *kx;      /* x's storage type (direct rows) */
     const lnf_kernels *kn;      /* the compute type (gathered rows) */
     ptrdiff_t col_block;        /* blocked: columns per block */
+    ptrdiff_t run;              /* rows far apart: adjacent rows per run (lnf_tile_run), or 0 */
     int direct;                 /* all rows contiguous, in x's dtype */
     int stream;                 /* dx written with streaming stores */
     int blocked;                /* rows summed by column blocks (backward_blocks) */
@@ -44,6 +47,11 @@ typedef struct lnf_reduction {
 } lnf_reduction;
 
 enum { BACKWARD_SCRATCH = 4 };  /* gathered rows per thread: x, dy, dx, dz */
+/* Tiles: after them, 2 LNF_TILE float64 lane sums (dweight, dbias) and a
+ * copied tile (x, dy, dz, dx: up to 4 LNF_TILE rows of the compute type),
+ * in rows of D elements of tsize bytes. */
+#define TILE_ROWS(tsize) (2 * LNF_TILE * (ptrdiff_t)sizeof(double) / (ptrdiff_t)(tsize) \
+                          + 4 * LNF_TILE)
 enum { PARAM_ROWS = 2 };        /* the 16-bit weight, widened per thread */
 
 /* Doubles from one chunk's partial rows (dweight, then dbias) to the
@@ -118,6 +126,17 @@ static void round_run(const float *g, ptrdiff_t width, void *out, int dtype)
         memcpy(out, g, (size_t)width * sizeof(float));
     else
         lnf_kernels_for(dtype)->narrow(g, (char *)out, 2, width);
+}
+
+/* The sum of LNF_TILE float64 lane sums: halves added into halves. */
+static double lane_total(const double *l)
+{
+    double t[LNF_TILE];
+    memcpy(t, l, sizeof t);
+    for (int h = LNF_TILE / 2; h > 0; h /= 2)
+        for (int j = 0; j < h; j++)
+            t[j] += t[j + h];
+    return t[0];
 }
 
 #define REAL float
@@ -200,17 +219,21 @@ int lnf_backward(const lnf_backward_args *a)
     ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
     const lnf_array *rows[4] = {&a->x, &a->dy, &a->dx, a->has_dz ? &a->dz : NULL};
     lnf_bwd b = {a, lnf_kernels_for(a->x.dtype), lnf_kernels_for(f32 ? LNF_FLOAT32 : LNF_FLOAT64),
-                 col_block, 0, 0, 0, 0, 1};
+                 col_block, 0, 0, 0, 0, 0, 1};
     b.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, nchunks));
     b.direct = lnf_all_direct(rows, 4);
+    b.run = b.direct ? 0 : lnf_tile_run(rows, 4, a->D);
     b.stream = b.direct && lnf_streamed(a->D, lnf_itemsize(a->dx.dtype),
                                         a->M * a->D * lnf_itemsize(a->dx.dtype));
     b.blocked = b.direct && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8))
                                 >= blocked_row_bytes;
-    b.one_run = f32 && nchunks == 1 && a->M <= LNF_RUN_ROWS;
+    b.one_run = f32 && !b.run && nchunks == 1 && a->M <= LNF_RUN_ROWS;
     lnf_reduction p;
     lnf_scratches s;
-    if (lnf_scratch_begin(&s, b.nthreads, b.direct ? 0 : BACKWARD_SCRATCH,
+    if (lnf_scratch_begin(&s, b.nthreads,
+                          b.direct ? 0
+                          : b.run  ? BACKWARD_SCRATCH + TILE_ROWS(f32 ? 4 : 8)
+                                   : BACKWARD_SCRATCH,
                           lnf_native(&a->weight) ? 0 : PARAM_ROWS, a->D, f32 ? 4 : 8) != LNF_OK)
         return LNF_ENOMEM;
     if (plan_reduction(&p, &b, nchunks, f32) != LNF_OK) {

@@ -302,6 +302,82 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
         fold_grads(sc, dw, D, c0, c1, c);
 }
 
+/* Rows r0..r1-1 of a chunk far apart whose neighbours are adjacent, by
+ * tiles of LNF_TILE rows from r0; a run of b->run adjacent rows ends in a
+ * shorter tile, which runs on copies (lnf_tile_gather), so a chunk's tiles
+ * depend on the shape alone.  The tiles add their dweight/dbias terms
+ * into float64 lane sums (tileops.h; in sc->rows after the thread's
+ * gathered rows), which are added across the lanes into the partial rows
+ * dw after the chunk's last tile (lane_total).  Rows that row_grad_scalars
+ * turns down are zeroed in a copy of their tile (they then add nothing)
+ * and redone by backward_exact (its float64 terms go into dw itself, or
+ * for float32 arithmetic into sc->grads). */
+static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
+                              const REAL *rstd, ptrdiff_t r0, ptrdiff_t r1, double *dw,
+                              lnf_scratch *sc)
+{
+    enum { T = LNF_TILE };
+    const lnf_backward_args *a = b->a;
+    const lnf_row_ops *ops = b->kx->ops;
+    ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
+    int c = a->centered, dz = a->has_dz;
+    double *lw = (double *)(void *)((REAL *)sc->rows + BACKWARD_SCRATCH * D), *lb = lw + T * D;
+    char *stage = (char *)(lb + T * D);     /* x, dy, dz, dx of a copied tile */
+    memset(lw, 0, 2 * T * (size_t)D * sizeof(double));
+    for (ptrdiff_t r = r0; r < r1; r += n) {
+        double s[3 * T];
+        REAL m[T] = {0}, k[5 * T] = {0};
+        int hard[T] = {0}, any = 0;
+        ptrdiff_t inner = a->x.inner;
+        const char *px = lnf_row(&a->x, r), *pdy = lnf_row(&a->dy, r);
+        const char *pdz = dz ? lnf_row(&a->dz, r) : NULL;
+        char *pdx = lnf_row(&a->dx, r);
+        n = LNF_MIN(LNF_MIN((ptrdiff_t)T, b->run - r % b->run), r1 - r);
+        for (ptrdiff_t j = 0; j < n; j++)
+            m[j] = c ? mean[r + j] : 0;
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 1 || n < T) {   /* (a short tile, or one with rows left out) */
+                lnf_tile_gather(lnf_row(&a->x, r), a->x.inner, stage, n, isz, D);
+                lnf_tile_gather(lnf_row(&a->dy, r), a->x.inner, stage + tb, n, isz, D);
+                if (dz)
+                    lnf_tile_gather(lnf_row(&a->dz, r), a->x.inner, stage + 2 * tb, n, isz, D);
+                px = stage, pdy = stage + tb, pdz = dz ? stage + 2 * tb : NULL;
+                pdx = stage + 3 * tb;
+                inner = T * isz;
+            }
+            if (pass == 1)
+                break;
+            ops->tile_grad_sums(px, pdy, inner, w, m, s, D);
+            for (ptrdiff_t j = 0; j < n; j++) {
+                double sj[3] = {s[j], s[T + j], s[2 * T + j]};
+                REAL kj[5];
+                hard[j] = !F(row_grad_scalars)(sj, D, c, m[j], rstd[r + j], kj);
+                any |= hard[j];
+                for (int q = 0; q < 5; q++)
+                    k[q * T + j] = hard[j] ? 0 : kj[q];
+            }
+            if (!any || n < T)
+                break;
+        }
+        for (ptrdiff_t j = 0; j < n && any; j++)
+            if (hard[j]) {
+                lnf_tile_clear(stage, j, isz, D);
+                lnf_tile_clear(stage + tb, j, isz, D);
+            }
+        ops->tile_grad_map(px, pdy, pdz, pdx, inner, k, lw, c ? lb : NULL, w, D);
+        if (pdx == stage + 3 * tb)
+            lnf_tile_scatter(pdx, lnf_row(&a->dx, r), a->x.inner, n, isz, D);
+        for (ptrdiff_t j = 0; j < n && any; j++)
+            if (hard[j])
+                F(backward_exact)(b, w, mean, rstd, r + j, (REAL *)(void *)dw, sc);
+    }
+    for (ptrdiff_t i = 0; i < D; i++) {
+        dw[i] += lane_total(lw + i * T);
+        if (c)
+            dw[D + i] += lane_total(lb + i * T);
+    }
+}
+
 /* Rows r0..r1-1, their dweight/dbias terms summed into the float64 partial
  * rows dw[0:2D] (dw[0:D] for RMSNorm) in row order: directly when REAL is
  * double (g is dw), else through the float32 runs g[0:2D], which are zero
@@ -317,9 +393,11 @@ static void F(backward_chunk)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         F(backward_blocks)(b, w, mean, rstd, r0, r1, dw, g, sums, sc, 0, 1);
         return;
     }
-    if (REAL_F64 || r0 >= r1)       /* (an empty chunk adds no run) */
+    if (REAL_F64 || r0 >= r1 || b->run)     /* (an empty chunk adds no run) */
         memset(dw, 0, 2 * (size_t)a->D * sizeof(double));
-    if (b->direct) {
+    if (b->run) {
+        F(backward_tiles)(b, w, mean, rstd, r0, r1, dw, sc);
+    } else if (b->direct) {
         F(backward_block)(b, w, mean, rstd, r0, r1, dw, g, sc);
     } else {
         for (ptrdiff_t r = r0; r < r1; r++) {

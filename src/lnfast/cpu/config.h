@@ -39,6 +39,17 @@
  * rows. */
 #define LNF_RUN_ROWS 16
 
+/* --- Tiles of rows far apart (tileops.h). --- */
+/* Rows per tile: the lanes of the tile operations.  Fixes the bits (the
+ * backward adds a column's dweight/dbias terms across a tile's lanes). */
+#define LNF_TILE 16
+/* Rows far apart are taken by tiles when they have at most this many
+ * elements (a tile is read twice, the second time from cache), else
+ * gathered one by one; fixes which of the two computes a row. */
+#define LNF_TILE_MAX_D (1 << 14)
+/* How far ahead of a tile's columns the sums prefetch (speed only). */
+#define LNF_TILE_PREFETCH 512
+
 /* --- The backward's chunk grid (lnf_num_chunks); fixes the bits. --- */
 /* At most this many chunks of rows, each summed in row order, of at least
  * this many rows, and at most this many bytes of float64 partial rows. */

@@ -58,6 +58,56 @@ static inline int lnf_all_direct(const lnf_array *const *arrays, int n)
     return 1;
 }
 
+/* Rows far apart whose neighbours are adjacent, taken by tiles
+ * (tileops.h): when every array of arrays[0..n) (NULL: absent) has x's
+ * dtype and element stride (not the itemsize) and the same last leading
+ * axis of P > 1 adjacent rows, P; else 0.  Rows of more than
+ * LNF_TILE_MAX_D elements are gathered instead. */
+static inline ptrdiff_t lnf_tile_run(const lnf_array *const *arrays, int n, ptrdiff_t D)
+{
+    const lnf_array *x = arrays[0];
+    ptrdiff_t isz = lnf_itemsize(x->dtype);
+    if (x->nd < 1 || x->inner == isz || D > LNF_TILE_MAX_D)
+        return 0;
+    ptrdiff_t P = x->shape[x->nd - 1];
+    for (int i = 0; i < n; i++) {
+        const lnf_array *m = arrays[i];
+        if (m != NULL
+            && (m->dtype != x->dtype || m->inner != x->inner || m->nd < 1
+                || m->stride[m->nd - 1] != isz || m->shape[m->nd - 1] != P))
+            return 0;
+    }
+    return P > 1 ? P : 0;
+}
+
+/* Tiles shorter than LNF_TILE rows (at the end of a run of adjacent rows),
+ * or with rows to leave out, run on copies: the columns of n rows of isz
+ * bytes, `inner` bytes apart, copied into a full tile of LNF_TILE isz
+ * bytes per column (the other lanes zero), and back. */
+static inline void lnf_tile_gather(const char *src, ptrdiff_t inner, char *dst, ptrdiff_t n,
+                                   ptrdiff_t isz, ptrdiff_t D)
+{
+    size_t full = LNF_TILE * (size_t)isz, part = (size_t)(n * isz);
+    for (ptrdiff_t i = 0; i < D; i++) {
+        memcpy(dst + i * full, src + i * inner, part);
+        memset(dst + i * full + part, 0, full - part);
+    }
+}
+
+static inline void lnf_tile_scatter(const char *src, char *dst, ptrdiff_t inner, ptrdiff_t n,
+                                    ptrdiff_t isz, ptrdiff_t D)
+{
+    for (ptrdiff_t i = 0; i < D; i++)
+        memcpy(dst + i * inner, src + i * LNF_TILE * isz, (size_t)(n * isz));
+}
+
+/* Lane j of a copied tile set to zero. */
+static inline void lnf_tile_clear(char *t, ptrdiff_t j, ptrdiff_t isz, ptrdiff_t D)
+{
+    for (ptrdiff_t i = 0; i < D; i++)
+        memset(t + (i * LNF_TILE + j) * isz, 0, (size_t)isz);
+}
+
 /* The weight or bias m as the calling thread reads it: m's data, or a
  * 16-bit vector widened into `buf` (float32 arithmetic).  Each thread
  * widens its own copy: a vector widened by one core and read by the other

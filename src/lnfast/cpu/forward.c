@@ -1,8 +1,9 @@
 /* The forward driver: y = norm(x [+ residual]) row by row, on OpenMP
  * threads that each take one contiguous block of rows (rows are
  * independent: the split changes no result).  Contiguous rows are
- * software-pipelined (forward_rows.h); others are gathered into scratch in
- * the compute type, normalized and stored back. */
+ * software-pipelined (forward_rows.h); rows far apart whose neighbours are
+ * adjacent are taken by tiles (tileops.h); others are gathered into
+ * scratch in the compute type, normalized and stored back. */
 #include "driver.h"
 
 /* A forward call as the rows see it. */
@@ -11,12 +12,16 @@ typedef struct lnf_fwd {
     const lnf_kernels *kx;      /* x's storage type (direct rows) */
     const lnf_kernels *kn;      /* the compute type (gathered rows) */
     ptrdiff_t wp, bp;           /* the lengths of weight and bias (bp: wp for RMSNorm) */
+    ptrdiff_t run;              /* rows far apart: adjacent rows per run (lnf_tile_run), or 0 */
     int direct;                 /* all rows contiguous, in x's dtype */
     int stream;                 /* y written with streaming stores */
     int nthreads;
 } lnf_fwd;
 
 enum { FORWARD_SCRATCH = 4 };   /* gathered rows per thread: x, residual, z, y */
+/* Tiles: a tile's rare rows and y, then the copies of a short tile (x,
+ * residual, z, y: up to 4 LNF_TILE rows of the compute type). */
+enum { TILE_SCRATCH = 5 * LNF_TILE + 1 };
 enum { PARAM_ROWS = 2 };        /* 16-bit weight and bias, widened per thread */
 
 #define REAL float
@@ -52,7 +57,7 @@ int lnf_forward(const lnf_forward_args *a)
 {
     int f64 = a->weight.dtype == LNF_FLOAT64;
     lnf_fwd f = {a, NULL, NULL, a->weight_len, a->centered ? a->bias_len : a->weight_len,
-                 0, 0, 1};
+                 0, 0, 0, 1};
     if (a->D < 1 || a->M < 0)
         return LNF_EINVAL;
     if (a->M == 0)
@@ -69,12 +74,15 @@ int lnf_forward(const lnf_forward_args *a)
     f.kx = lnf_kernels_for(a->x.dtype);
     f.kn = lnf_kernels_for(f64 ? LNF_FLOAT64 : LNF_FLOAT32);
     f.direct = lnf_all_direct(rows, 4);
+    f.run = f.direct ? 0 : lnf_tile_run(rows, 4, a->D);
     f.stream = f.direct && lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
                                         a->M * a->D * lnf_itemsize(a->y.dtype));
     f.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, a->M));
     int wide = !lnf_native(&a->weight) || (a->centered && !lnf_native(&a->bias));
     lnf_scratches s;
-    if (lnf_scratch_begin(&s, f.nthreads, f.direct ? 0 : FORWARD_SCRATCH, wide ? PARAM_ROWS : 0,
+    if (lnf_scratch_begin(&s, f.nthreads,
+                          f.direct ? 0 : f.run ? TILE_SCRATCH : FORWARD_SCRATCH,
+                          wide ? PARAM_ROWS : 0,
                           a->D, f64 ? 8 : 4) != LNF_OK)
         return LNF_ENOMEM;
     if (f64)

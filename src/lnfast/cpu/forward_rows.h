@@ -244,11 +244,108 @@ static void F(forward_row)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL 
         lnf_store_row(&a->y, r, D, yr, sizeof(REAL));
 }
 
-/* Rows r0..r1-1: pipelined for direct arrays, else row by row. */
+/* The per-lane sums s (tile_sums) of the tile at `in`, n rows, summed
+ * again about their means where resum_far_shift would (the same test and
+ * shift, lane by lane). */
+static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const void *in,
+                              ptrdiff_t inner, double *s, ptrdiff_t n)
+{
+    enum { T = LNF_TILE };
+    ptrdiff_t D = f->a->D;
+    double limit = REAL_F64 ? LNF_RESHIFT_F64 : LNF_RESHIFT, again[3 * T];
+    REAL shift[T] = {0};
+    int far[T], any = 0;
+    for (ptrdiff_t j = 0; j < n; j++) {
+        double m = s[j] / D;
+        far[j] = f->a->centered && m * m > limit * (s[T + j] / D - m * m);
+        shift[j] = (REAL)(far[j] ? s[2 * T + j] + m : s[2 * T + j]);
+        any |= far[j];
+    }
+    if (!any)
+        return;
+    ops->tile_sums(in, NULL, NULL, inner, 1, shift, again, D);
+    for (ptrdiff_t j = 0; j < n; j++)
+        if (far[j])
+            for (int q = 0; q < 3; q++)
+                s[q * T + j] = again[q * T + j];
+}
+
+/* Rows r0..r1-1 far apart whose neighbours are adjacent, by tiles of
+ * LNF_TILE rows; a run of f->run adjacent rows ends in a shorter tile,
+ * which runs on copies (lnf_tile_gather).  The rows that row_stats turns
+ * down are gathered into the thread's rows before the tile is mapped (y
+ * may be x), redone by row_exact and stored after. */
+static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
+                             REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
+{
+    enum { T = LNF_TILE };
+    const lnf_forward_args *a = f->a;
+    const lnf_row_ops *ops = f->kx->ops;
+    const lnf_array *in = a->has_residual ? &a->z : &a->x;
+    ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
+    int c = a->centered, res = a->has_residual;
+    REAL *slots = sc->rows, *ybuf = slots + T * D;
+    char *stage = (char *)(ybuf + D);       /* x, residual, z, y of a short tile */
+    for (ptrdiff_t r = r0; r < r1; r += n) {
+        double s[3 * T];
+        REAL k[3 * T] = {0};
+        int hard[T] = {0}, nhard = 0;
+        ptrdiff_t inner = a->x.inner;
+        const char *px = lnf_row(&a->x, r), *pr = res ? lnf_row(&a->residual, r) : NULL;
+        char *pz = res ? lnf_row(&a->z, r) : NULL, *py = lnf_row(&a->y, r);
+        n = LNF_MIN(LNF_MIN((ptrdiff_t)T, f->run - r % f->run), r1 - r);
+        if (n < T) {
+            lnf_tile_gather(px, inner, stage, n, isz, D);
+            if (res)
+                lnf_tile_gather(pr, inner, stage + tb, n, isz, D);
+            px = stage, pr = res ? stage + tb : NULL, pz = res ? stage + 2 * tb : NULL;
+            py = stage + 3 * tb;
+            inner = T * isz;
+        }
+        ops->tile_sums(px, pr, pz, inner, c, NULL, s, D);
+        if (res && n < T)       /* (z in place before its rare rows are read) */
+            lnf_tile_scatter(pz, lnf_row(&a->z, r), a->x.inner, n, isz, D);
+        F(resum_far_tile)(f, ops, res ? pz : px, inner, s, n);
+        for (ptrdiff_t j = 0; j < n; j++) {
+            double sj[3] = {s[j], s[T + j], s[2 * T + j]};
+            REAL kj[3];
+            hard[j] = !F(row_stats)(sj, D, a->eps, c, kj);
+            for (int q = 0; q < 3; q++)
+                k[q * T + j] = hard[j] ? 0 : kj[q];
+            if (hard[j]) {
+                nhard++;
+                lnf_load_row(in, r + j, D, slots + j * D, sizeof(REAL));
+            }
+        }
+        ops->tile_map(res ? pz : px, py, inner, w, c ? b : NULL, k, D);
+        if (n < T)
+            lnf_tile_scatter(py, lnf_row(&a->y, r), a->x.inner, n, isz, D);
+        for (ptrdiff_t j = 0; j < n && nhard > 0; j++) {
+            if (!hard[j])
+                continue;
+            REAL kj[3];
+            F(row_exact)(slots + j * D, ybuf, w, b, D, a->eps, c, kj, f->wp, f->bp);
+            lnf_store_row(&a->y, r + j, D, ybuf, sizeof(REAL));
+            k[j] = kj[0];
+            k[2 * T + j] = kj[2];
+        }
+        for (ptrdiff_t j = 0; j < n; j++) {
+            if (mean_out != NULL)
+                mean_out[r + j] = k[j];
+            if (rstd_out != NULL)
+                rstd_out[r + j] = k[2 * T + j];
+        }
+    }
+}
+
+/* Rows r0..r1-1: pipelined for direct arrays, by tiles for rows far apart
+ * (f->run), else row by row. */
 static void F(forward_range)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
                              REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
 {
-    if (f->direct) {
+    if (f->run) {
+        F(forward_tiles)(f, w, b, mean_out, rstd_out, r0, r1, sc);
+    } else if (f->direct) {
         if (r0 < r1)
             F(forward_block)(f, w, b, mean_out, rstd_out, r0, r1, sc);
     } else {

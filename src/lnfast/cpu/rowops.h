@@ -20,6 +20,8 @@
  *   grad_sums      the backward sums of a row
  *   grad_map       the backward map of a row (dx, dweight/dbias terms)
  *   grad_map_sums  the backward map of a row and the sums of the next
+ * and, for rows far apart whose neighbours are adjacent, the tile
+ * operations of tileops.h.
  * The *_sums pairs keep memory busy: the next row streams in while this
  * one is written.  Sums do not depend on whether a map ran alongside.
  *
@@ -746,6 +748,9 @@ LNF_ATTR static void grad_map_sums(const void *x, const void *dy, const void *dz
 #undef S_
 #undef T_
 
+#include "tileops.h"
+
 const lnf_row_ops LNF_CAT(lnf_ops, LNF_NAME) = {
-    row_sums, row_map, row_map_sums, grad_sums, grad_map, grad_map_sums,
+    row_sums,  row_map,  row_map_sums,   grad_sums,     grad_map, grad_map_sums,
+    tile_sums, tile_map, tile_grad_sums, tile_grad_map,
 };

@@ -1,0 +1,282 @@
+/* The tile operations of one storage type and one instruction set, for
+ * rows whose elements are far apart but whose neighbouring rows are
+ * adjacent (a channels-first (N, C, H, W) array normalized over C: N H W
+ * rows of C elements H W apart).  Part of the rowops.h template, which
+ * includes this once.
+ *
+ * A tile is LNF_TILE such rows side by side: element i of row j is at
+ * (S *)(p + i inner) + j.  Each operation walks the tile column by column
+ * (i), the rows of a column in the lanes of a vector (j), so memory is read
+ * in order, a column's LNF_TILE values at a time; each row's arithmetic
+ * stays in its own lane, the same on every instruction set (tile_v: a GCC
+ * vector of LNF_TILE lanes, or a plain C array of them).  The drivers copy
+ * shorter tiles (at the end of a run of adjacent rows) into a full one.
+ *
+ * Sums follow the rows' scheme (rowops.h) with a row's columns as its
+ * terms, in order: LNF_BLOCK terms summed in LNF_T, groups of LNF_SUPER
+ * block sums added in LNF_T from 0 (the last group possibly shorter), each
+ * group widened into the lane's float64 sum.  The backward map adds each
+ * lane's dweight/dbias terms (rounded to LNF_T, as the rows' are) into
+ * float64 lane sums of their own, one per column and lane, which the
+ * driver adds up across the lanes after a chunk's last tile.
+ *   tile_sums       the forward sums (LayerNorm: about the first column, or
+ *                   about the shifts given); z = x + residual when given
+ *   tile_map        the forward map
+ *   tile_grad_sums  the backward sums
+ *   tile_grad_map   the backward map: dx, and the dweight/dbias lane sums
+ */
+#ifndef LNFAST_ROWOPS_H
+#error "tileops.h: part of rowops.h"
+#endif
+
+/* Column i of a tile at p. */
+#define TCOL(p, i) ((LNF_S *)(void *)((char *)(p) + (i) * inner))
+#define TILE_BLOCKS (LNF_BLOCK * LNF_SUPER)     /* columns per widened group */
+
+/* tile_v: LNF_TILE lanes of LNF_T, as TILE_W pieces of tile_e (vectors
+ * of the unit's width, or single values in plain C); tile_d: LNF_TILE
+ * float64 lanes.  Passed by value to always-inline helpers, which the
+ * compiler keeps in registers. */
+#if LNF_VECTOR
+#define TILE_W LNF_NV
+#define TILE_DW LNF_ND
+typedef LNF_VT tile_e;
+typedef LNF_VD tile_de;
+#else
+#define TILE_W LNF_TILE
+#define TILE_DW LNF_TILE
+typedef LNF_T tile_e;
+typedef double tile_de;
+#endif
+typedef struct { tile_e v[TILE_W]; } tile_v;
+typedef struct { tile_de v[TILE_DW]; } tile_d;
+
+#define TV_OP(name, type, n, op)                                                \
+    LNF_ATTR LNF_INLINE type name(type a, type b)                               \
+    {                                                                           \
+        for (int u = 0; u < n; u++)                                             \
+            a.v[u] = a.v[u] op b.v[u];                                          \
+        return a;                                                               \
+    }
+TV_OP(tv_add, tile_v, TILE_W, +)
+TV_OP(tv_sub, tile_v, TILE_W, -)
+TV_OP(tv_mul, tile_v, TILE_W, *)
+TV_OP(td_add, tile_d, TILE_DW, +)
+#undef TV_OP
+#define TV_ADD(a, b) tv_add(a, b)
+#define TV_SUB(a, b) tv_sub(a, b)
+#define TV_MUL(a, b) tv_mul(a, b)
+#define TD_ADD(a, b) td_add(a, b)
+
+LNF_ATTR LNF_INLINE tile_v tv_splat(LNF_T s)
+{
+    tile_v t;
+    for (int u = 0; u < TILE_W; u++)
+#if LNF_VECTOR
+        t.v[u] = LNF_SPLAT(s);
+#else
+        t.v[u] = s;
+#endif
+    return t;
+}
+#define TV_SPLAT(s) tv_splat(s)
+
+/* The lanes in float64 (exactly). */
+LNF_ATTR LNF_INLINE tile_d tv_widen(tile_v t)
+{
+    tile_d d;
+#if LNF_VECTOR && !LNF_DOUBLE
+    for (int u = 0; u < TILE_W; u++) {
+        LNF_VDD w = __builtin_convertvector(t.v[u], LNF_VDD);
+        d.v[2 * u] = LNF_HALF(w, 0);
+        d.v[2 * u + 1] = LNF_HALF(w, 1);
+    }
+#else
+    for (int u = 0; u < TILE_W; u++)
+        d.v[u] = t.v[u];
+#endif
+    return d;
+}
+#define TV_WIDEN(v) tv_widen(v)
+
+/* LNF_TILE values of LNF_T from memory. */
+LNF_ATTR LNF_INLINE tile_v tv_lanes(const void *p)
+{
+    tile_v v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* A column of the storage type in lanes (16-bit: widened exactly), and
+ * lanes stored to one (16-bit: rounded to nearest even, once). */
+LNF_ATTR LNF_INLINE tile_v tv_load(const LNF_S *p)
+{
+    tile_v t;
+    for (int u = 0; u < TILE_W; u++)
+#if LNF_VECTOR
+        t.v[u] = LNF_LOADS(p + u * LNF_VE);
+#else
+        t.v[u] = LNF_GET(p, u);
+#endif
+    return t;
+}
+
+LNF_ATTR LNF_INLINE void tv_store(LNF_S *p, tile_v t)
+{
+    for (int u = 0; u < TILE_W; u++)
+#if LNF_VECTOR
+        LNF_STORES(p + u * LNF_VE, t.v[u]);
+#else
+        LNF_PUT(p, u, t.v[u]);
+#endif
+}
+
+/* Column i of the rows to sum: x, or z = x + r stored to z and read as
+ * stored (next1). */
+LNF_ATTR LNF_INLINE tile_v tile_in(const void *x, const void *r, void *z, ptrdiff_t inner,
+                                   ptrdiff_t i)
+{
+    tile_v e = tv_load(TCOL(x, i));
+    if (r == NULL)
+        return e;
+    LNF_PREFETCH((const char *)TCOL(r, i) + LNF_TILE_PREFETCH);
+    tv_store(TCOL(z, i), TV_ADD(e, tv_load(TCOL(r, i))));
+    return LNF_STORAGE16 ? tv_load(TCOL(z, i)) : TV_ADD(e, tv_load(TCOL(r, i)));
+}
+
+/* s[0:T) = the lanes' sums of d = x - shift, s[T:2T) of d^2, s[2T:3T) the
+ * shifts: shift[0:T) where given, else (centered) the first column, else
+ * 0.  With r: x + r, stored to z and read as stored. */
+LNF_ATTR static void tile_sums(const void *x, const void *r, void *z, ptrdiff_t inner,
+                               int centered, const void *shift, double *s, ptrdiff_t D)
+{
+    tile_v sh = shift != NULL ? tv_lanes(shift)
+                : centered    ? tile_in(x, r, z, inner, 0)
+                              : TV_SPLAT(0);
+    tile_d a1 = TV_WIDEN(TV_SPLAT(0)), a2 = a1;
+    for (ptrdiff_t g0 = 0; g0 < D; g0 += TILE_BLOCKS) {
+        ptrdiff_t g1 = g0 + TILE_BLOCKS < D ? g0 + TILE_BLOCKS : D;
+        tile_v s1 = TV_SPLAT(0), s2 = s1;
+        for (ptrdiff_t b0 = g0; b0 < g1; b0 += LNF_BLOCK) {
+            ptrdiff_t b1 = b0 + LNF_BLOCK < g1 ? b0 + LNF_BLOCK : g1;
+            LNF_PREFETCH((const char *)TCOL(x, b0) + LNF_TILE_PREFETCH);
+            tile_v d = TV_SUB(tile_in(x, r, z, inner, b0), sh), t1 = d, t2 = TV_MUL(d, d);
+            for (ptrdiff_t i = b0 + 1; i < b1; i++) {
+                LNF_PREFETCH((const char *)TCOL(x, i) + LNF_TILE_PREFETCH);
+                d = TV_SUB(tile_in(x, r, z, inner, i), sh);
+                t1 = TV_ADD(t1, d);
+                t2 = TV_ADD(t2, TV_MUL(d, d));
+            }
+            s1 = TV_ADD(s1, t1);
+            s2 = TV_ADD(s2, t2);
+        }
+        a1 = TD_ADD(a1, TV_WIDEN(s1));
+        a2 = TD_ADD(a2, TV_WIDEN(s2));
+    }
+    tile_d shd = TV_WIDEN(sh);
+    memcpy(s, &a1, sizeof a1);
+    memcpy(s + LNF_TILE, &a2, sizeof a2);
+    memcpy(s + 2 * LNF_TILE, &shd, sizeof shd);
+}
+
+/* y = the forward map of the tile (map1), k = {hi[T], lo[T], rstd[T]};
+ * b NULL: RMSNorm.  y may be x. */
+LNF_ATTR static void tile_map(const void *x, void *y, ptrdiff_t inner, const void *w,
+                              const void *b, const void *k, ptrdiff_t D)
+{
+    const LNF_T *wt = w, *bt = b, *kt = k;
+    tile_v hi = tv_lanes(kt), lo = tv_lanes(kt + LNF_TILE), rs = tv_lanes(kt + 2 * LNF_TILE);
+    for (ptrdiff_t i = 0; i < D; i++) {
+        tile_v e = tv_load(TCOL(x, i));
+        if (bt != NULL)
+            tv_store(TCOL(y, i), TV_ADD(TV_MUL(TV_MUL(TV_SUB(TV_SUB(e, hi), lo), rs),
+                                               TV_SPLAT(wt[i])),
+                                        TV_SPLAT(bt[i])));
+        else
+            tv_store(TCOL(y, i), TV_MUL(TV_MUL(e, rs), TV_SPLAT(wt[i])));
+    }
+}
+
+/* The backward sums' terms of column i: d = x - m, g = dy w, g d. */
+LNF_ATTR LNF_INLINE void tile_grad_terms(const void *x, const void *dy, ptrdiff_t inner, tile_v m,
+                                         const LNF_T *w, ptrdiff_t i, tile_v t[3])
+{
+    LNF_PREFETCH((const char *)TCOL(x, i) + LNF_TILE_PREFETCH);
+    LNF_PREFETCH((const char *)TCOL(dy, i) + LNF_TILE_PREFETCH);
+    t[0] = TV_SUB(tv_load(TCOL(x, i)), m);
+    t[1] = TV_MUL(tv_load(TCOL(dy, i)), TV_SPLAT(w[i]));
+    t[2] = TV_MUL(t[1], t[0]);
+}
+
+/* The backward sums of the tile (grad_terms1): s[0:T) of d = x - mean,
+ * s[T:2T) of g = dy w, s[2T:3T) of g d; mean[0:T) per lane (RMSNorm: 0). */
+LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inner,
+                                    const void *w, const void *mean, double *s, ptrdiff_t D)
+{
+    const LNF_T *wt = w;
+    tile_v m = tv_lanes(mean);
+    tile_d a[3];
+    a[0] = a[1] = a[2] = TV_WIDEN(TV_SPLAT(0));
+    for (ptrdiff_t g0 = 0; g0 < D; g0 += TILE_BLOCKS) {
+        ptrdiff_t g1 = g0 + TILE_BLOCKS < D ? g0 + TILE_BLOCKS : D;
+        tile_v s0 = TV_SPLAT(0), s1 = s0, s2 = s0;
+        for (ptrdiff_t b0 = g0; b0 < g1; b0 += LNF_BLOCK) {
+            ptrdiff_t b1 = b0 + LNF_BLOCK < g1 ? b0 + LNF_BLOCK : g1;
+            tile_v t[3], u[3];
+            tile_grad_terms(x, dy, inner, m, wt, b0, t);
+            for (ptrdiff_t i = b0 + 1; i < b1; i++) {
+                tile_grad_terms(x, dy, inner, m, wt, i, u);
+                for (int q = 0; q < 3; q++)
+                    t[q] = TV_ADD(t[q], u[q]);
+            }
+            tile_v t0 = t[0], t1 = t[1], t2 = t[2];
+            s0 = TV_ADD(s0, t0);
+            s1 = TV_ADD(s1, t1);
+            s2 = TV_ADD(s2, t2);
+        }
+        a[0] = TD_ADD(a[0], TV_WIDEN(s0));
+        a[1] = TD_ADD(a[1], TV_WIDEN(s1));
+        a[2] = TD_ADD(a[2], TV_WIDEN(s2));
+    }
+    memcpy(s, a, sizeof a);
+}
+
+/* dx of the tile (grad_map1; k = {mean, c, rstd, mean(g), mean(g xhat)},
+ * LNF_TILE values each), + dz when given; each lane's dweight term dy xhat
+ * (rounded to LNF_T) added in float64 to lw[i LNF_TILE + j], its dy to lb
+ * (NULL: RMSNorm). */
+LNF_ATTR static void tile_grad_map(const void *x, const void *dy, const void *dz, void *dx,
+                                   ptrdiff_t inner, const void *k, double *lw, double *lb,
+                                   const void *w, ptrdiff_t D)
+{
+    const LNF_T *wt = w, *kt = k;
+    tile_v m = tv_lanes(kt), c = tv_lanes(kt + LNF_TILE), rs = tv_lanes(kt + 2 * LNF_TILE);
+    tile_v mg = tv_lanes(kt + 3 * LNF_TILE), mgx = tv_lanes(kt + 4 * LNF_TILE);
+    for (ptrdiff_t i = 0; i < D; i++) {
+        tile_v dyi = tv_load(TCOL(dy, i));
+        tile_v xh = TV_MUL(TV_SUB(TV_SUB(tv_load(TCOL(x, i)), m), c), rs);
+        tile_v dxi = TV_MUL(rs, TV_SUB(TV_SUB(TV_MUL(dyi, TV_SPLAT(wt[i])), mg), TV_MUL(xh, mgx)));
+        tile_d acc;
+        if (dz != NULL)
+            dxi = TV_ADD(dxi, tv_load(TCOL(dz, i)));
+        tv_store(TCOL(dx, i), dxi);
+        memcpy(&acc, lw + i * LNF_TILE, sizeof acc);
+        acc = TD_ADD(acc, TV_WIDEN(TV_MUL(dyi, xh)));
+        memcpy(lw + i * LNF_TILE, &acc, sizeof acc);
+        if (lb != NULL) {
+            memcpy(&acc, lb + i * LNF_TILE, sizeof acc);
+            acc = TD_ADD(acc, TV_WIDEN(dyi));
+            memcpy(lb + i * LNF_TILE, &acc, sizeof acc);
+        }
+    }
+}
+#undef TCOL
+#undef TILE_BLOCKS
+#undef TV_ADD
+#undef TV_SUB
+#undef TV_MUL
+#undef TD_ADD
+#undef TV_SPLAT
+#undef TV_WIDEN
+#undef TILE_W
+#undef TILE_DW

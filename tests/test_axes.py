@@ -1,0 +1,298 @@
+"""SPEC "Axes": axis= on every function, checked against float64 references
+computed over the same axes moved last (reference.py), the SPEC's shape and
+bad-input rules, out= and views, and the tile kernels of channels-first
+rows (thread counts, hard rows, short tiles)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lnfast
+from lnfast import reference as ref
+from lnfast._checks import axes as norm_axes
+
+DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
+FWD_TOL = {np.float32: 2e-6, np.float64: 1e-12, np.float16: 2e-3, ml_dtypes.bfloat16: 1.6e-2}
+BWD_TOL = {np.float32: 2e-5, np.float64: 1e-10, np.float16: 1e-2, ml_dtypes.bfloat16: 6e-2}
+# (shape, axis): channels-first, trailing pairs, non-neighbours, all axes
+CASES = [((3, 24, 5, 7), 1), ((2, 40, 16), -2), ((4, 6, 5, 7), (2, 3)), ((4, 6, 5, 7), (1, 2)),
+         ((4, 6, 5, 7), (1, 3)), ((4, 6, 5, 7), (0, 2)), ((5, 3, 33), (-1, 0)),
+         ((2, 3, 4), (0, 1, 2)), ((7, 9), 0), ((2, 17, 40), 1)]
+
+
+def moved(a, ax):
+    """a with axes `ax` last and merged (a copy): the reference's rows."""
+    others = [k for k in range(a.ndim) if k not in ax]
+    t = np.moveaxis(a, ax, range(a.ndim - len(ax), a.ndim))
+    return t.reshape([a.shape[k] for k in others] + [-1])
+
+
+def back(rows, shape, ax):
+    others = [k for k in range(len(shape)) if k not in ax]
+    t = rows.reshape([shape[k] for k in others] + [shape[k] for k in ax])
+    return np.moveaxis(t, range(len(shape) - len(ax), len(shape)), ax)
+
+
+def err(out, expected):
+    return ref.rel_error(np.asarray(out, np.float64), expected)
+
+
+def data(rng, shape, dtype, ax):
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    norm = tuple(shape[k] for k in ax)
+    w = (1 + 0.2 * rng.standard_normal(norm)).astype(dtype)
+    b = (0.2 * rng.standard_normal(norm)).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    return x, w, b, dy
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axis", CASES)
+def test_layer_norm_over_axes(rng, dtype, shape, axis):
+    ax = norm_axes(axis, len(shape))
+    x, w, b, dy = data(rng, shape, dtype, ax)
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, b, axis=axis)
+    ry, rmean, rrstd = ref.layer_norm_forward(moved(x, ax), w.reshape(-1), b.reshape(-1))
+    lead = tuple(n for k, n in enumerate(shape) if k not in ax)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.flags.c_contiguous
+    assert mean.shape == rstd.shape == lead
+    assert err(y, back(ry, shape, ax)) < FWD_TOL[dtype]
+    assert err(rstd, rrstd.reshape(lead)) < FWD_TOL[dtype]
+    assert np.array_equal(lnfast.layer_norm(x, w, b, axis=axis), y)
+    dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+    rdx, rdw, rdb = ref.layer_norm_backward(moved(dy, ax), moved(x, ax), mean,
+                                            rstd, w.reshape(-1))
+    assert dx.shape == x.shape and dx.flags.c_contiguous
+    assert dw.shape == db.shape == w.shape and dw.dtype == w.dtype
+    assert err(dx, back(rdx, shape, ax)) < BWD_TOL[dtype]
+    assert err(dw, rdw.reshape(w.shape)) < BWD_TOL[dtype]
+    assert err(db, rdb.reshape(w.shape)) < BWD_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axis", CASES[:6])
+def test_rms_and_add_layer_norm_over_axes(rng, dtype, shape, axis):
+    ax = norm_axes(axis, len(shape))
+    x, w, b, dy = data(rng, shape, dtype, ax)
+    y, rstd = lnfast.rms_norm_forward(x, w, axis=axis)
+    ry, rrstd = ref.rms_norm_forward(moved(x, ax), w.reshape(-1))
+    assert err(y, back(ry, shape, ax)) < FWD_TOL[dtype]
+    assert np.array_equal(lnfast.rms_norm(x, w, axis=axis), y)
+    dx, dw = lnfast.rms_norm_backward(dy, x, rstd, w, axis=axis)
+    rdx, rdw = ref.rms_norm_backward(moved(dy, ax), moved(x, ax), rstd, w.reshape(-1))
+    assert err(dx, back(rdx, shape, ax)) < BWD_TOL[dtype]
+    assert dw.shape == w.shape and err(dw, rdw.reshape(w.shape)) < BWD_TOL[dtype]
+
+    r = rng.standard_normal(shape).astype(dtype)
+    y, z, mean, rstd = lnfast.add_layer_norm_forward(x, r, w, b, axis=axis)
+    wide = x + r if dtype in (np.float32, np.float64) else x.astype(np.float32) + r.astype(np.float32)
+    assert z.flags.c_contiguous and np.array_equal(z, wide.astype(dtype))
+    assert np.array_equal(y, lnfast.layer_norm(z, w, b, axis=axis))
+    dz = rng.standard_normal(shape).astype(dtype)
+    ds, dw, db = lnfast.add_layer_norm_backward(dy, z, mean, rstd, w, dz=dz, axis=axis)
+    dx, dw2, db2 = lnfast.layer_norm_backward(dy, z, mean, rstd, w, axis=axis)
+    assert np.array_equal(dw, dw2) and np.array_equal(db, db2)
+    assert err(ds, dx.astype(np.float64) + dz) < BWD_TOL[dtype]
+
+
+@pytest.mark.parametrize("axis", [-1, 2, (2,), (-1,)])
+def test_last_axis_spellings_give_the_same_bits(rng, axis):
+    x, w, b, dy = data(rng, (4, 5, 33), np.float32, (2,))
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, b, axis=axis)
+    y0, mean0, rstd0 = lnfast.layer_norm_forward(x, w, b)
+    assert np.array_equal(y, y0) and np.array_equal(rstd, rstd0)
+    g = lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+    for a, e in zip(g, lnfast.layer_norm_backward(dy, x, mean0, rstd0, w)):
+        assert np.array_equal(a, e)
+
+
+def test_merged_trailing_axes_equal_a_reshape(rng):
+    x, w, b, dy = data(rng, (8, 6, 64, 32), np.float32, (2, 3))
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, b, axis=(-2, -1))
+    y2, mean2, rstd2 = lnfast.layer_norm_forward(x.reshape(8, 6, -1), w.reshape(-1),
+                                                 b.reshape(-1))
+    assert np.array_equal(y, y2.reshape(x.shape)) and np.array_equal(rstd, rstd2)
+
+
+@pytest.mark.parametrize("axis", [1, (1, 2), (1, 3)])
+def test_out_and_in_place(rng, axis):
+    ax = norm_axes(axis, 4)
+    x, w, b, _ = data(rng, (3, 20, 6, 5), np.float32, ax)
+    expected = lnfast.layer_norm(x, w, b, axis=axis)
+    out = np.full_like(x, np.nan)
+    assert lnfast.layer_norm(x, w, b, axis=axis, out=out) is out
+    assert np.array_equal(out, expected)
+    fortran = np.asfortranarray(np.full_like(x, np.nan))
+    lnfast.layer_norm(x, w, b, axis=axis, out=fortran)
+    assert np.array_equal(fortran, expected)
+    x2 = x.copy()
+    assert lnfast.layer_norm(x2, w, b, axis=axis, out=x2) is x2
+    assert np.array_equal(x2, expected)
+    x3 = x.copy()
+    lnfast.rms_norm(x3, w, axis=axis, out=x3)
+    assert np.array_equal(x3, lnfast.rms_norm(x, w, axis=axis))
+
+
+def test_strided_and_read_only_inputs(rng):
+    base = rng.standard_normal((6, 40, 9, 14)).astype(np.float32)
+    x = base[::2, :, :, ::2]                    # a strided view
+    w = np.linspace(0.5, 1.5, 40, dtype=np.float32)
+    contiguous = np.ascontiguousarray(x)
+    y = lnfast.layer_norm(x, w, axis=1)     # (rows gathered: other bits than by tiles)
+    assert err(y, lnfast.layer_norm(contiguous.astype(np.float64), w, axis=1)) < 2e-6
+    ro = contiguous.copy()
+    ro.flags.writeable = False
+    y2, mean, rstd = lnfast.layer_norm_forward(ro, w, axis=1)
+    assert np.array_equal(y2, lnfast.layer_norm(contiguous, w, axis=1))
+    g = lnfast.layer_norm_backward(ro, ro, mean, rstd, w, axis=1)
+    h = lnfast.layer_norm_backward(contiguous, contiguous, mean, rstd, w, axis=1)
+    for a, e in zip(g, h):
+        assert np.array_equal(a, e)
+    t = np.transpose(contiguous, (0, 2, 3, 1)).copy().transpose(0, 3, 1, 2)   # channels-last
+    assert err(lnfast.layer_norm(t, w, axis=1), y.astype(np.float64)) < 2e-6
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, ml_dtypes.bfloat16])
+def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
+    """Channels-first rows run by tiles; runs of 7x7 = 49 rows end in short
+    tiles; a few hard rows (constant, offset, subnormal) are redone."""
+    x = rng.standard_normal((6, 72, 7, 7)).astype(dtype)
+    x[1, :, 2, 3] = 5.0
+    x[2, :, 4, 4] += 3000
+    if dtype != ml_dtypes.bfloat16:
+        x[3, :, 0, 1] = np.float64(1e-42 if dtype == np.float32 else 1e-310)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = rng.standard_normal(72).astype(dtype)
+    results = []
+    for n in (1, 2, 3):
+        lnfast.set_num_threads(n)
+        y, mean, rstd = lnfast.layer_norm_forward(x, w, w, axis=1)
+        results.append((y, mean, rstd) + lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=1)
+                       + lnfast.rms_norm_backward(dy, x, rstd, w, axis=1))
+    for other in results[1:]:
+        for a, e in zip(results[0], other):
+            assert np.array_equal(a, e, equal_nan=True)
+    y, mean, rstd = results[0][:3]
+    ry, _, rrstd = ref.layer_norm_forward(moved(x, (1,)), w, w)
+    assert err(y, back(ry, x.shape, (1,))) < FWD_TOL[dtype]
+    rdx, rdw, _ = ref.layer_norm_backward(moved(dy, (1,)), moved(x, (1,)), mean,
+                                          rstd, w)
+    assert err(results[0][3], back(rdx, x.shape, (1,))) < BWD_TOL[dtype]
+    assert err(results[0][4], rdw) < BWD_TOL[dtype]
+
+
+def test_nan_stays_in_its_row():
+    x = np.ones((2, 16, 3, 5), np.float32)
+    x[:, 0] = np.arange(2 * 15, dtype=np.float32).reshape(2, 3, 5)
+    x[1, 4, 2, 2] = np.nan
+    y = lnfast.layer_norm(x, axis=1)
+    assert np.isnan(y[1, :, 2, 2]).all()
+    y[1, :, 2, 2] = 0
+    assert np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("axis", [1.0, "1", [1], None, (1, 2.0), np.array([1]), True])
+def test_axis_of_the_wrong_kind_is_a_type_error(axis):
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(TypeError, match="axis"):
+        lnfast.layer_norm(x, axis=axis)
+
+
+@pytest.mark.parametrize("fn", ["layer_norm", "rms_norm", "layer_norm_forward"])
+@pytest.mark.parametrize("axis", [3, -4, (0, 3), (1, 1), (1, -2), ()])
+def test_bad_axis_is_a_value_error(fn, axis):
+    x = np.ones((2, 3, 4), np.float32)
+    before = x.copy()
+    with pytest.raises(ValueError, match="axis"):
+        getattr(lnfast, fn)(x, axis=axis)
+    assert np.array_equal(x, before)
+
+
+def test_numpy_integer_axes_and_axis_error():
+    x = np.ones((2, 3, 4), np.float32)
+    assert lnfast.layer_norm(x, axis=np.int64(1)).shape == x.shape
+    assert lnfast.layer_norm(x, axis=(np.int32(0), 2)).shape == x.shape
+    with pytest.raises(np.exceptions.AxisError):
+        lnfast.layer_norm(x, axis=5)
+
+
+def test_weights_and_stats_of_the_wrong_shape(rng):
+    x = rng.standard_normal((2, 6, 4, 5)).astype(np.float32)
+    with pytest.raises(ValueError, match="weight"):
+        lnfast.layer_norm(x, np.ones(5, np.float32), axis=1)
+    with pytest.raises(ValueError, match="bias"):
+        lnfast.layer_norm(x, None, np.ones((4, 6), np.float32), axis=(1, 2))
+    with pytest.raises(ValueError, match="weight"):
+        lnfast.rms_norm(x, np.ones(24, np.float32), axis=(1, 2))
+    y, mean, rstd = lnfast.layer_norm_forward(x, axis=1)
+    dx = np.zeros_like(x)
+    with pytest.raises(ValueError, match="mean"):
+        lnfast.layer_norm_backward(dx, x, mean[:, :, :1], rstd, axis=1)
+    with pytest.raises(ValueError, match="rstd"):
+        lnfast.layer_norm_backward(dx, x, mean, rstd[..., :1], axis=1)
+    with pytest.raises(ValueError, match="out"):
+        lnfast.layer_norm(x, axis=1, out=np.empty((2, 4, 5, 6), np.float32))
+    with pytest.raises(ValueError, match="D >= 1"):
+        lnfast.layer_norm(np.ones((3, 0, 2), np.float32), axis=1)
+
+
+def test_empty_rows_over_axes():
+    x = np.ones((0, 6, 3), np.float32)
+    y, mean, rstd = lnfast.layer_norm_forward(x, axis=1)
+    assert y.shape == x.shape and mean.shape == (0, 3)
+    dx, dw, db = lnfast.layer_norm_backward(x, x, mean, rstd, axis=1)
+    assert dw.shape == (6,) and not dw.any() and not db.any()
+
+
+def test_against_torch_float64_autograd(rng):
+    torch = pytest.importorskip("torch")
+    for shape, axis in [((3, 12, 5, 4), 1), ((2, 3, 6, 5), (2, 3)), ((4, 5, 6), (0, 2))]:
+        ax = norm_axes(axis, len(shape))
+        x, w, b, dy = data(rng, shape, np.float64, ax)
+        y, mean, rstd = lnfast.layer_norm_forward(x, w, b, axis=axis)
+        dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+        perm = [k for k in range(len(shape)) if k not in ax] + list(ax)
+        tx = torch.tensor(x).permute(perm).contiguous().requires_grad_(True)
+        tw, tb = torch.tensor(w).requires_grad_(True), torch.tensor(b).requires_grad_(True)
+        ty = torch.nn.functional.layer_norm(tx, w.shape, tw, tb, 1e-5)
+        ty.backward(torch.tensor(dy).permute(perm))
+        inv = np.argsort(perm)
+        assert err(y, ty.detach().permute(*inv).numpy()) < 1e-12
+        assert err(dx, tx.grad.permute(*inv).numpy()) < 1e-10
+        assert err(dw, tw.grad.numpy()) < 1e-10 and err(db, tb.grad.numpy()) < 1e-10
+
+
+def _onnx_cases():
+    try:
+        from onnx.backend.test.case.node import collect_testcases
+    except ImportError:
+        return []
+    return [c for c in collect_testcases(None)
+            if c.name.startswith(("test_layer_normalization", "test_rms_normalization"))
+            and "expanded" not in c.name]
+
+
+@pytest.mark.parametrize("case", _onnx_cases() or [None], ids=lambda c: getattr(c, "name", "none"))
+def test_onnx_operator_cases(case):
+    """ONNX's own LayerNormalization and RMSNormalization cases, through
+    axis=tuple(range(k, x.ndim)) with no reshaping."""
+    if case is None:
+        pytest.skip("onnx is not installed")
+    node = case.model.graph.node[0]
+    attrs = {a.name: a for a in node.attribute}
+    inputs, outputs = case.data_sets[0]
+    x = inputs[0]
+    k = attrs["axis"].i if "axis" in attrs else -1
+    eps = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
+    axis = tuple(range(k % x.ndim, x.ndim))
+    tol = 1e-5 if x.dtype == np.float32 else 1e-3
+    if node.op_type == "LayerNormalization":
+        w, b = inputs[1], inputs[2] if len(inputs) > 2 else None
+        y, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=eps, axis=axis)
+        np.testing.assert_allclose(y, outputs[0], rtol=tol, atol=tol)
+        if len(outputs) > 1:
+            np.testing.assert_allclose(mean.reshape(outputs[1].shape), outputs[1], rtol=tol,
+                                       atol=tol)
+            np.testing.assert_allclose(rstd.reshape(outputs[2].shape), outputs[2], rtol=tol)
+    else:
+        y = lnfast.rms_norm(x, inputs[1], eps=eps, axis=axis)
+        np.testing.assert_allclose(y, outputs[0], rtol=tol, atol=tol)
