@@ -43,4 +43,21 @@ for dt, M, D, wdt, blocks in CASES:
         h.update(np.ascontiguousarray(a).tobytes())
     if default:
         _cpu.blocked_settings(*default)
+# rows far apart: channels-first tiles (full, short and 8 MiB streamed runs)
+# and axes gathered into scratch
+AXES = [(dt, (3, 40, 5, 7), 1) for dt in DTYPES]
+AXES += [(np.float32, (2, 64, 128, 128), 1), (np.float64, (2, 32, 128, 128), 1)]
+AXES += [(dt, (2, 6, 4, 10), (1, 3)) for dt in DTYPES]
+for dt, shape, ax in AXES:
+    x = rng.standard_normal(shape).astype(dt)
+    dy = rng.standard_normal(shape).astype(dt)
+    norm = tuple(np.take(shape, np.atleast_1d(ax)))
+    w = rng.standard_normal(norm).astype(np.float32 if np.dtype(dt).itemsize == 2 else dt)
+    y, m, r = lnfast.layer_norm_forward(x, w, w, axis=ax)
+    ry, rr = lnfast.rms_norm_forward(x, w, axis=ax)
+    outputs = (y, m, r, *lnfast.layer_norm_backward(dy, x, m, r, w, axis=ax),
+               *lnfast.add_layer_norm_forward(x, dy, w, w, axis=ax),
+               ry, rr, *lnfast.rms_norm_backward(dy, x, rr, w, axis=ax))
+    for a in outputs:
+        h.update(np.ascontiguousarray(a).tobytes())
 print(h.hexdigest())

@@ -36,13 +36,13 @@ def on_path():
     return run
 
 
-def every_function(x, dy, w):
-    y, mean, rstd = lnfast.layer_norm_forward(x, w, w)
-    ry, rrstd = lnfast.rms_norm_forward(x, w)
-    return (y, mean, rstd, *lnfast.layer_norm_backward(dy, x, mean, rstd, w),
-            *lnfast.add_layer_norm_forward(x, dy, w, w),
-            *lnfast.add_layer_norm_backward(dy, x, mean, rstd, w, dz=y),
-            ry, rrstd, *lnfast.rms_norm_backward(dy, x, rrstd, w))
+def every_function(x, dy, w, axis=-1):
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, w, axis=axis)
+    ry, rrstd = lnfast.rms_norm_forward(x, w, axis=axis)
+    return (y, mean, rstd, *lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=axis),
+            *lnfast.add_layer_norm_forward(x, dy, w, w, axis=axis),
+            *lnfast.add_layer_norm_backward(dy, x, mean, rstd, w, dz=y, axis=axis),
+            ry, rrstd, *lnfast.rms_norm_backward(dy, x, rrstd, w, axis=axis))
 
 
 @pytest.mark.parametrize("D", SIZES)
@@ -52,6 +52,21 @@ def test_every_path_gives_the_same_bytes(rng, on_path, dtype, D):
     dy = rng.standard_normal((37, D)).astype(dtype)
     w = rng.standard_normal(D).astype(np.float64 if dtype == np.float64 else np.float32)
     got = on_path(lambda: every_function(x, dy, w))
+    for path in PATHS[1:]:
+        assert got[path] == got["best"], path
+
+
+# rows far apart (channels-first tiles: full, and a short one copied; 17
+# normalized elements, one past a group of blocks) and axes gathered
+@pytest.mark.parametrize("shape,axis", [((3, 17, 5, 7), 1), ((2, 40, 4, 4), -3),
+                                        ((2, 6, 4, 10), (1, 3))])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_every_path_gives_the_same_bytes_over_axes(rng, on_path, dtype, shape, axis):
+    x = (rng.standard_normal(shape) * 3 + 5).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    norm = tuple(np.take(shape, np.atleast_1d(axis)))
+    w = rng.standard_normal(norm).astype(np.float64 if dtype == np.float64 else np.float32)
+    got = on_path(lambda: every_function(x, dy, w, axis))
     for path in PATHS[1:]:
         assert got[path] == got["best"], path
 

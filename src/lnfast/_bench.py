@@ -257,7 +257,9 @@ def run(args):
     if args.axes:
         from lnfast import _bench_axes
 
-        _bench_axes.run(args, torch, threads)
+        results = _bench_axes.run(args, torch, threads)
+        _cpu.simd_path("best")
+        _write_json(args.json, threads, torch, sweeps, results)
         return 0
 
     rng = np.random.default_rng(0)
@@ -285,11 +287,7 @@ def run(args):
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     impls = list(dict.fromkeys(r["impl"] for r in results))
     _print_tables(results, threads, torch, sweeps)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": {**_machine(threads, torch), "sweeps": sweeps},
-                       "results": results}, f, indent=1)
-        print(f"wrote {args.json}")
+    _write_json(args.json, threads, torch, sweeps, results)
     if args.plot:
         _plot(results, impls, args.plot)
         print(f"wrote {args.plot}")
@@ -338,6 +336,14 @@ def _print_tables(results, threads, torch, sweeps):
             print(line)
     print("\n%copy: of a copy of x; %same: of a copy moving the bytes the kernel moves"
           "\nx = that implementation's time / lnfast's time (above 1: lnfast is faster)")
+
+
+def _write_json(path, threads, torch, sweeps, results):
+    if path:
+        with open(path, "w") as f:
+            json.dump({"machine": {**_machine(threads, torch), "sweeps": sweeps},
+                       "results": results}, f, indent=1)
+        print(f"wrote {path}")
 
 
 def _plot(results, impls, path):

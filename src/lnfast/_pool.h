@@ -52,7 +52,13 @@ static void *lnf_pool_malloc(void *ctx, size_t size)
         PyThread_release_lock(lnf_pool.lock);
         if (p != NULL)
             return p;
+#if defined(_WIN32)
         p = malloc(size);
+#else
+        /* On a page: the kernels' streaming stores need whole cache lines. */
+        if (posix_memalign(&p, 4096, size) != 0)
+            p = NULL;
+#endif
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
         /* As NumPy's own allocator does: fewer faults, each zeroing 2 MiB. */
         if (p != NULL)

@@ -47,11 +47,10 @@ typedef struct lnf_reduction {
 } lnf_reduction;
 
 enum { BACKWARD_SCRATCH = 4 };  /* gathered rows per thread: x, dy, dx, dz */
-/* Tiles: after them, 2 LNF_TILE float64 lane sums (dweight, dbias) and a
- * copied tile (x, dy, dz, dx: up to 4 LNF_TILE rows of the compute type),
- * in rows of D elements of tsize bytes. */
-#define TILE_ROWS(tsize) (2 * LNF_TILE * (ptrdiff_t)sizeof(double) / (ptrdiff_t)(tsize) \
-                          + 4 * LNF_TILE)
+/* Tiles: after them, a copied short tile (x, dy, dz, dx: 4 LNF_TILE rows),
+ * the values the sums keep (x, dy: 2) and the lanes' dweight/dbias runs
+ * (2). */
+#define TILE_ROWS (8 * LNF_TILE)
 enum { PARAM_ROWS = 2 };        /* the 16-bit weight, widened per thread */
 
 /* Doubles from one chunk's partial rows (dweight, then dbias) to the
@@ -128,15 +127,13 @@ static void round_run(const float *g, ptrdiff_t width, void *out, int dtype)
         lnf_kernels_for(dtype)->narrow(g, (char *)out, 2, width);
 }
 
-/* The sum of LNF_TILE float64 lane sums: halves added into halves. */
-static double lane_total(const double *l)
+/* The first row of chunk c: c M / nchunks, or for tiles the start of the
+ * tile that row is in (tiles start at each run's start), so that no chunk
+ * cuts a tile short. */
+static inline ptrdiff_t chunk_row(const lnf_bwd *b, ptrdiff_t c, ptrdiff_t nchunks)
 {
-    double t[LNF_TILE];
-    memcpy(t, l, sizeof t);
-    for (int h = LNF_TILE / 2; h > 0; h /= 2)
-        for (int j = 0; j < h; j++)
-            t[j] += t[j + h];
-    return t[0];
+    ptrdiff_t r = c * b->a->M / nchunks;
+    return b->run ? r - r % b->run % LNF_TILE : r;
 }
 
 #define REAL float
@@ -223,8 +220,9 @@ int lnf_backward(const lnf_backward_args *a)
     b.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, nchunks));
     b.direct = lnf_all_direct(rows, 4);
     b.run = b.direct ? 0 : lnf_tile_run(rows, 4, a->D);
-    b.stream = b.direct && lnf_streamed(a->D, lnf_itemsize(a->dx.dtype),
-                                        a->M * a->D * lnf_itemsize(a->dx.dtype));
+    b.stream = b.direct ? lnf_streamed(a->D, lnf_itemsize(a->dx.dtype),
+                                       a->M * a->D * lnf_itemsize(a->dx.dtype))
+                        : b.run && lnf_tile_streamed(&a->dx, b.run, a->M, a->D);
     b.blocked = b.direct && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8))
                                 >= blocked_row_bytes;
     b.one_run = f32 && !b.run && nchunks == 1 && a->M <= LNF_RUN_ROWS;
@@ -232,7 +230,7 @@ int lnf_backward(const lnf_backward_args *a)
     lnf_scratches s;
     if (lnf_scratch_begin(&s, b.nthreads,
                           b.direct ? 0
-                          : b.run  ? BACKWARD_SCRATCH + TILE_ROWS(f32 ? 4 : 8)
+                          : b.run  ? BACKWARD_SCRATCH + TILE_ROWS
                                    : BACKWARD_SCRATCH,
                           lnf_native(&a->weight) ? 0 : PARAM_ROWS, a->D, f32 ? 4 : 8) != LNF_OK)
         return LNF_ENOMEM;

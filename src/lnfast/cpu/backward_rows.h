@@ -302,16 +302,34 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
         fold_grads(sc, dw, D, c0, c1, c);
 }
 
+/* dw[i] += the sum of the LNF_TILE lanes of run i (halves added into
+ * halves, in float64), for i < width; the runs zeroed. */
+static void F(add_lanes)(REAL *lanes, double *dw, ptrdiff_t width)
+{
+    for (ptrdiff_t i = 0; i < width; i++) {
+        double t[LNF_TILE];
+        for (int j = 0; j < LNF_TILE; j++)
+            t[j] = lanes[i * LNF_TILE + j];
+#pragma GCC unroll 4
+        for (int h = LNF_TILE / 2; h > 0; h /= 2)
+#pragma GCC unroll 8
+            for (int j = 0; j < h; j++)
+                t[j] += t[j + h];
+        dw[i] += t[0];
+    }
+    memset(lanes, 0, (size_t)(width * LNF_TILE) * sizeof(REAL));
+}
+
 /* Rows r0..r1-1 of a chunk far apart whose neighbours are adjacent, by
  * tiles of LNF_TILE rows from r0; a run of b->run adjacent rows ends in a
  * shorter tile, which runs on copies (lnf_tile_gather), so a chunk's tiles
- * depend on the shape alone.  The tiles add their dweight/dbias terms
- * into float64 lane sums (tileops.h; in sc->rows after the thread's
- * gathered rows), which are added across the lanes into the partial rows
- * dw after the chunk's last tile (lane_total).  Rows that row_grad_scalars
- * turns down are zeroed in a copy of their tile (they then add nothing)
- * and redone by backward_exact (its float64 terms go into dw itself, or
- * for float32 arithmetic into sc->grads). */
+ * depend on the shape alone.  The map reads x and dy from the copies the
+ * sums kept (xs, dys).  Each tile adds its dweight/dbias terms into
+ * per-lane runs (tileops.h), which are added into the partial rows dw
+ * after every LNF_RUN_ROWS tiles and after the chunk's last.  Rows that
+ * row_grad_scalars turns down are zeroed in xs and dys (they then add
+ * nothing) and redone by backward_exact (its float64 terms go into dw
+ * itself, or for float32 arithmetic into sc->grads). */
 static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
                               const REAL *rstd, ptrdiff_t r0, ptrdiff_t r1, double *dw,
                               lnf_scratch *sc)
@@ -321,9 +339,11 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     const lnf_row_ops *ops = b->kx->ops;
     ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
     int c = a->centered, dz = a->has_dz;
-    double *lw = (double *)(void *)((REAL *)sc->rows + BACKWARD_SCRATCH * D), *lb = lw + T * D;
-    char *stage = (char *)(lb + T * D);     /* x, dy, dz, dx of a copied tile */
-    memset(lw, 0, 2 * T * (size_t)D * sizeof(double));
+    char *stage = (char *)((REAL *)sc->rows + BACKWARD_SCRATCH * D);  /* x, dy, dz, dx copied */
+    REAL *xs = (REAL *)(void *)(stage + 4 * tb), *dys = xs + T * D;
+    REAL *lanes = dys + T * D;          /* the runs: dweight's, dbias's */
+    ptrdiff_t tiles = 0, width = (c ? 2 : 1) * D;
+    memset(lanes, 0, (size_t)(width * T) * sizeof(REAL));
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[3 * T];
         REAL m[T] = {0}, k[5 * T] = {0};
@@ -333,49 +353,44 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         const char *pdz = dz ? lnf_row(&a->dz, r) : NULL;
         char *pdx = lnf_row(&a->dx, r);
         n = LNF_MIN(LNF_MIN((ptrdiff_t)T, b->run - r % b->run), r1 - r);
+        if (n < T) {
+            lnf_tile_gather(px, inner, stage, n, isz, D);
+            lnf_tile_gather(pdy, inner, stage + tb, n, isz, D);
+            if (dz)
+                lnf_tile_gather(pdz, inner, stage + 2 * tb, n, isz, D);
+            px = stage, pdy = stage + tb, pdz = dz ? stage + 2 * tb : NULL;
+            pdx = stage + 3 * tb;
+            inner = T * isz;
+        }
         for (ptrdiff_t j = 0; j < n; j++)
             m[j] = c ? mean[r + j] : 0;
-        for (int pass = 0; pass < 2; pass++) {
-            if (pass == 1 || n < T) {   /* (a short tile, or one with rows left out) */
-                lnf_tile_gather(lnf_row(&a->x, r), a->x.inner, stage, n, isz, D);
-                lnf_tile_gather(lnf_row(&a->dy, r), a->x.inner, stage + tb, n, isz, D);
-                if (dz)
-                    lnf_tile_gather(lnf_row(&a->dz, r), a->x.inner, stage + 2 * tb, n, isz, D);
-                px = stage, pdy = stage + tb, pdz = dz ? stage + 2 * tb : NULL;
-                pdx = stage + 3 * tb;
-                inner = T * isz;
-            }
-            if (pass == 1)
-                break;
-            ops->tile_grad_sums(px, pdy, inner, w, m, s, D);
-            for (ptrdiff_t j = 0; j < n; j++) {
-                double sj[3] = {s[j], s[T + j], s[2 * T + j]};
-                REAL kj[5];
-                hard[j] = !F(row_grad_scalars)(sj, D, c, m[j], rstd[r + j], kj);
-                any |= hard[j];
-                for (int q = 0; q < 5; q++)
-                    k[q * T + j] = hard[j] ? 0 : kj[q];
-            }
-            if (!any || n < T)
-                break;
-        }
-        for (ptrdiff_t j = 0; j < n && any; j++)
+        ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys);
+        for (ptrdiff_t j = 0; j < n; j++) {
+            double sj[3] = {s[j], s[T + j], s[2 * T + j]};
+            REAL kj[5];
+            hard[j] = !F(row_grad_scalars)(sj, D, c, m[j], rstd[r + j], kj);
+            any |= hard[j];
+            for (int q = 0; q < 5; q++)
+                k[q * T + j] = hard[j] ? 0 : kj[q];
             if (hard[j]) {
-                lnf_tile_clear(stage, j, isz, D);
-                lnf_tile_clear(stage + tb, j, isz, D);
+                lnf_tile_clear((char *)xs, j, sizeof(REAL), D);
+                lnf_tile_clear((char *)dys, j, sizeof(REAL), D);
             }
-        ops->tile_grad_map(px, pdy, pdz, pdx, inner, k, lw, c ? lb : NULL, w, D);
-        if (pdx == stage + 3 * tb)
+        }
+        ops->tile_grad_map(xs, dys, pdz, pdx, inner, k, lanes, c ? lanes + D * T : NULL, w, D,
+                           b->stream && n == T);
+        if (++tiles % LNF_RUN_ROWS == 0 || r + n == r1)
+            F(add_lanes)(lanes, dw, width);
+        if (n < T)
             lnf_tile_scatter(pdx, lnf_row(&a->dx, r), a->x.inner, n, isz, D);
+        if (any && b->stream)           /* (the streamed lines before the rare rows) */
+            lnf_stream_fence();
         for (ptrdiff_t j = 0; j < n && any; j++)
             if (hard[j])
                 F(backward_exact)(b, w, mean, rstd, r + j, (REAL *)(void *)dw, sc);
     }
-    for (ptrdiff_t i = 0; i < D; i++) {
-        dw[i] += lane_total(lw + i * T);
-        if (c)
-            dw[D + i] += lane_total(lb + i * T);
-    }
+    if (b->stream)
+        lnf_stream_fence();
 }
 
 /* Rows r0..r1-1, their dweight/dbias terms summed into the float64 partial
@@ -438,8 +453,9 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
         if (!REAL_F64)
             memset(F(run_rows)(p, NULL, 0), 0, 2 * (size_t)D * sizeof(float));
         for (ptrdiff_t c = 0; c < nchunks; c++)
-            F(backward_chunk)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
-                              part + stride * c, F(run_rows)(p, part + stride * c, 0), p->sums, sc);
+            F(backward_chunk)(b, w, mean, rstd, chunk_row(b, c, nchunks),
+                              chunk_row(b, c + 1, nchunks), part + stride * c,
+                              F(run_rows)(p, part + stride * c, 0), p->sums, sc);
     } else if (b->blocked && b->nthreads <= nb) {
 #pragma omp parallel num_threads(b->nthreads)
         {
@@ -460,8 +476,9 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
                 memset(F(run_rows)(p, NULL, t), 0, 2 * (size_t)D * sizeof(float));
 #pragma omp for schedule(static)
             for (ptrdiff_t c = 0; c < nchunks; c++)
-                F(backward_chunk)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
-                                  part + stride * c, F(run_rows)(p, part + stride * c, t),
+                F(backward_chunk)(b, w, mean, rstd, chunk_row(b, c, nchunks),
+                                  chunk_row(b, c + 1, nchunks), part + stride * c,
+                                  F(run_rows)(p, part + stride * c, t),
                                   p->sums + 6 * nb * t, sc + t);
         }
     }

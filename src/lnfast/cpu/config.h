@@ -47,8 +47,8 @@
  * elements (a tile is read twice, the second time from cache), else
  * gathered one by one; fixes which of the two computes a row. */
 #define LNF_TILE_MAX_D (1 << 14)
-/* How far ahead of a tile's columns the sums prefetch (speed only). */
-#define LNF_TILE_PREFETCH 512
+/* How many tiles ahead the tiles prefetch their columns (speed only). */
+#define LNF_TILE_AHEAD 4
 
 /* --- The backward's chunk grid (lnf_num_chunks); fixes the bits. --- */
 /* At most this many chunks of rows, each summed in row order, of at least

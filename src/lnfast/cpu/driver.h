@@ -80,6 +80,20 @@ static inline ptrdiff_t lnf_tile_run(const lnf_array *const *arrays, int n, ptrd
     return P > 1 ? P : 0;
 }
 
+/* Tiles of `out` (rows far apart) written with streaming stores: float32
+ * and float64 outputs of LNF_STREAM_MIN_BYTES or more, whose columns start
+ * on cache lines wherever a full tile starts (a run's tiles start at its
+ * first row; lnf_array's last leading axis is the run), so that each column's stores fill whole lines. */
+static inline int lnf_tile_streamed(const lnf_array *out, ptrdiff_t run, ptrdiff_t M, ptrdiff_t D)
+{
+    ptrdiff_t isz = lnf_itemsize(out->dtype), line = 64;
+    int ok = isz >= 4 && M * D * isz >= LNF_STREAM_MIN_BYTES && (uintptr_t)out->base % line == 0
+             && out->inner % line == 0 && run * isz % line == 0;
+    for (int k = 0; k + 1 < out->nd; k++)
+        ok = ok && out->stride[k] % line == 0;
+    return ok;
+}
+
 /* Tiles shorter than LNF_TILE rows (at the end of a run of adjacent rows),
  * or with rows to leave out, run on copies: the columns of n rows of isz
  * bytes, `inner` bytes apart, copied into a full tile of LNF_TILE isz

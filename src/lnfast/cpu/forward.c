@@ -19,9 +19,10 @@ typedef struct lnf_fwd {
 } lnf_fwd;
 
 enum { FORWARD_SCRATCH = 4 };   /* gathered rows per thread: x, residual, z, y */
-/* Tiles: a tile's rare rows and y, then the copies of a short tile (x,
- * residual, z, y: up to 4 LNF_TILE rows of the compute type). */
-enum { TILE_SCRATCH = 5 * LNF_TILE + 1 };
+/* Tiles: a tile's rare rows and y, the values the sums keep (LNF_TILE
+ * rows), then the copies of a short tile (x, residual, z, y: up to 4
+ * LNF_TILE rows of the compute type). */
+enum { TILE_SCRATCH = 6 * LNF_TILE + 1 };
 enum { PARAM_ROWS = 2 };        /* 16-bit weight and bias, widened per thread */
 
 #define REAL float
@@ -75,8 +76,9 @@ int lnf_forward(const lnf_forward_args *a)
     f.kn = lnf_kernels_for(f64 ? LNF_FLOAT64 : LNF_FLOAT32);
     f.direct = lnf_all_direct(rows, 4);
     f.run = f.direct ? 0 : lnf_tile_run(rows, 4, a->D);
-    f.stream = f.direct && lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
-                                        a->M * a->D * lnf_itemsize(a->y.dtype));
+    f.stream = f.direct ? lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
+                                       a->M * a->D * lnf_itemsize(a->y.dtype))
+                        : f.run && lnf_tile_streamed(&a->y, f.run, a->M, a->D);
     f.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, a->M));
     int wide = !lnf_native(&a->weight) || (a->centered && !lnf_native(&a->bias));
     lnf_scratches s;

@@ -263,7 +263,7 @@ static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const vo
     }
     if (!any)
         return;
-    ops->tile_sums(in, NULL, NULL, inner, 1, shift, again, D);
+    ops->tile_sums(in, NULL, NULL, inner, 1, shift, again, D, NULL);
     for (ptrdiff_t j = 0; j < n; j++)
         if (far[j])
             for (int q = 0; q < 3; q++)
@@ -272,9 +272,10 @@ static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const vo
 
 /* Rows r0..r1-1 far apart whose neighbours are adjacent, by tiles of
  * LNF_TILE rows; a run of f->run adjacent rows ends in a shorter tile,
- * which runs on copies (lnf_tile_gather).  The rows that row_stats turns
- * down are gathered into the thread's rows before the tile is mapped (y
- * may be x), redone by row_exact and stored after. */
+ * which runs on copies (lnf_tile_gather).  The map reads the values the
+ * sums kept (xs).  The rows that row_stats turns down are gathered into
+ * the thread's rows before the tile is mapped (y may be x), redone by
+ * row_exact and stored after. */
 static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
                              REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
 {
@@ -285,7 +286,8 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
     ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
     int c = a->centered, res = a->has_residual;
     REAL *slots = sc->rows, *ybuf = slots + T * D;
-    char *stage = (char *)(ybuf + D);       /* x, residual, z, y of a short tile */
+    REAL *xs = ybuf + D;                    /* the values summed, kept for the map */
+    char *stage = (char *)(xs + T * D);     /* x, residual, z, y of a short tile */
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[3 * T];
         REAL k[3 * T] = {0};
@@ -302,7 +304,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             py = stage + 3 * tb;
             inner = T * isz;
         }
-        ops->tile_sums(px, pr, pz, inner, c, NULL, s, D);
+        ops->tile_sums(px, pr, pz, inner, c, NULL, s, D, xs);
         if (res && n < T)       /* (z in place before its rare rows are read) */
             lnf_tile_scatter(pz, lnf_row(&a->z, r), a->x.inner, n, isz, D);
         F(resum_far_tile)(f, ops, res ? pz : px, inner, s, n);
@@ -317,9 +319,11 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
                 lnf_load_row(in, r + j, D, slots + j * D, sizeof(REAL));
             }
         }
-        ops->tile_map(res ? pz : px, py, inner, w, c ? b : NULL, k, D);
+        ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && n == T);
         if (n < T)
             lnf_tile_scatter(py, lnf_row(&a->y, r), a->x.inner, n, isz, D);
+        if (nhard > 0 && f->stream)     /* (the streamed lines before the rare rows) */
+            lnf_stream_fence();
         for (ptrdiff_t j = 0; j < n && nhard > 0; j++) {
             if (!hard[j])
                 continue;
@@ -336,6 +340,8 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
                 rstd_out[r + j] = k[2 * T + j];
         }
     }
+    if (f->stream)
+        lnf_stream_fence();
 }
 
 /* Rows r0..r1-1: pipelined for direct arrays, by tiles for rows far apart

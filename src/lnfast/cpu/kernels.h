@@ -36,16 +36,18 @@ typedef struct lnf_row_ops {
                           const void *xf, const void *dyf, int stream);
     /* Tiles of LNF_TILE rows side by side, elements `inner` bytes apart
      * (tileops.h); per-lane values (shift, k, mean: LNF_TILE each) in the
-     * compute type; s: 3 LNF_TILE doubles; lw, lb: float64 lane sums. */
+     * compute type; s: 3 LNF_TILE doubles; the sums keep the values they
+     * read (copy; xs, dys) for the maps, LNF_TILE of the compute type per
+     * column; gw, gb: the dweight/dbias runs, laid out alike. */
     void (*tile_sums)(const void *x, const void *r, void *z, ptrdiff_t inner, int centered,
-                      const void *shift, double *s, ptrdiff_t D);
-    void (*tile_map)(const void *x, void *y, ptrdiff_t inner, const void *w, const void *b,
-                     const void *k, ptrdiff_t D);
+                      const void *shift, double *s, ptrdiff_t D, void *copy);
+    void (*tile_map)(const void *xs, void *y, ptrdiff_t inner, const void *w, const void *b,
+                     const void *k, ptrdiff_t D, int stream);
     void (*tile_grad_sums)(const void *x, const void *dy, ptrdiff_t inner, const void *w,
-                           const void *mean, double *s, ptrdiff_t D);
-    void (*tile_grad_map)(const void *x, const void *dy, const void *dz, void *dx,
-                          ptrdiff_t inner, const void *k, double *lw, double *lb, const void *w,
-                          ptrdiff_t D);
+                           const void *mean, double *s, ptrdiff_t D, void *xs, void *dys);
+    void (*tile_grad_map)(const void *xs, const void *dys, const void *dz, void *dx,
+                          ptrdiff_t inner, const void *k, void *gw, void *gb, const void *w,
+                          ptrdiff_t D, int stream);
 } lnf_row_ops;
 
 /* 16-bit rows of any byte stride to and from float32 (convert.c). */

@@ -89,9 +89,11 @@ static inline void lnf_stream_fence(void)
 
 #if defined(__GNUC__)
 #define LNF_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#define LNF_PREFETCHW(p) __builtin_prefetch((p), 1, 3)
 #define LNF_INLINE static inline __attribute__((always_inline))
 #else
 #define LNF_PREFETCH(p) ((void)(p))
+#define LNF_PREFETCHW(p) ((void)(p))
 #define LNF_INLINE static inline
 #endif
 

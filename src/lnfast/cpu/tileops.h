@@ -16,14 +16,14 @@
  * terms, in order: LNF_BLOCK terms summed in LNF_T, groups of LNF_SUPER
  * block sums added in LNF_T from 0 (the last group possibly shorter), each
  * group widened into the lane's float64 sum.  The backward map adds each
- * lane's dweight/dbias terms (rounded to LNF_T, as the rows' are) into
- * float64 lane sums of their own, one per column and lane, which the
- * driver adds up across the lanes after a chunk's last tile.
+ * lane's dweight/dbias terms of a column into that lane's run in LNF_T (a
+ * run of LNF_RUN_ROWS tiles, as the rows' float32 runs of LNF_RUN_ROWS
+ * rows; the driver adds the runs into the float64 partial rows).
  *   tile_sums       the forward sums (LayerNorm: about the first column, or
  *                   about the shifts given); z = x + residual when given
  *   tile_map        the forward map
  *   tile_grad_sums  the backward sums
- *   tile_grad_map   the backward map: dx, and the dweight/dbias lane sums
+ *   tile_grad_map   the backward map: dx, and the dweight/dbias runs
  */
 #ifndef LNFAST_ROWOPS_H
 #error "tileops.h: part of rowops.h"
@@ -32,6 +32,15 @@
 /* Column i of a tile at p. */
 #define TCOL(p, i) ((LNF_S *)(void *)((char *)(p) + (i) * inner))
 #define TILE_BLOCKS (LNF_BLOCK * LNF_SUPER)     /* columns per widened group */
+/* The lines of a column LNF_TILE_AHEAD tiles ahead (TILE_AHEAD bytes),
+ * asked for into the L2 (locality 1): the L1 would evict them again
+ * before their tile comes where the columns share few sets. */
+#define TILE_AHEAD ((ptrdiff_t)(LNF_TILE_AHEAD * LNF_TILE * sizeof(LNF_S)))
+#define TILE_PREFETCH(p)                                                          \
+    do {                                                                          \
+        for (ptrdiff_t o_ = 0; o_ < LNF_TILE * (ptrdiff_t)sizeof(LNF_S); o_ += 64) \
+            __builtin_prefetch((const char *)(p) + TILE_AHEAD + o_, 0, 1);        \
+    } while (0)
 
 /* tile_v: LNF_TILE lanes of LNF_T, as TILE_W pieces of tile_e (vectors
  * of the unit's width, or single values in plain C); tile_d: LNF_TILE
@@ -99,12 +108,17 @@ LNF_ATTR LNF_INLINE tile_d tv_widen(tile_v t)
 }
 #define TV_WIDEN(v) tv_widen(v)
 
-/* LNF_TILE values of LNF_T from memory. */
+/* LNF_TILE values of LNF_T from memory, and to it. */
 LNF_ATTR LNF_INLINE tile_v tv_lanes(const void *p)
 {
     tile_v v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+LNF_ATTR LNF_INLINE void tv_put(void *p, tile_v v)
+{
+    memcpy(p, &v, sizeof v);
 }
 
 /* A column of the storage type in lanes (16-bit: widened exactly), and
@@ -131,6 +145,35 @@ LNF_ATTR LNF_INLINE void tv_store(LNF_S *p, tile_v t)
 #endif
 }
 
+/* An output column: with nt, streaming stores (whole lines, no read for
+ * ownership; float32 and float64 only), a vector at a time, since the
+ * columns are aligned to the line (lnf_tile_streamed); else its lines
+ * LNF_TILE_AHEAD tiles ahead are fetched for writing, since the tiles'
+ * many columns outrun the hardware's stream detection. */
+#if LNF_CAN_STREAM && LNF_VB == 64
+#include <immintrin.h>
+#define TILE_NTSTORE(p, v) _mm512_stream_si512((__m512i *)(void *)(p), (__m512i)(v))
+#elif LNF_CAN_STREAM && LNF_VB == 32
+#include <immintrin.h>
+#define TILE_NTSTORE(p, v) _mm256_stream_si256((__m256i *)(void *)(p), (__m256i)(v))
+#else
+#define TILE_NTSTORE(p, v) LNF_OUT(p, v, 1)
+#endif
+LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
+{
+#if LNF_VECTOR
+    if (nt) {
+        for (int u = 0; u < TILE_W; u++)
+            TILE_NTSTORE(p + u * LNF_VE, t.v[u]);
+        return;
+    }
+#endif
+    (void)nt;
+    for (ptrdiff_t o = 0; o < LNF_TILE * (ptrdiff_t)sizeof(LNF_S); o += 64)
+        LNF_PREFETCHW((char *)p + TILE_AHEAD + o);
+    tv_store(p, t);
+}
+
 /* Column i of the rows to sum: x, or z = x + r stored to z and read as
  * stored (next1). */
 LNF_ATTR LNF_INLINE tile_v tile_in(const void *x, const void *r, void *z, ptrdiff_t inner,
@@ -139,17 +182,22 @@ LNF_ATTR LNF_INLINE tile_v tile_in(const void *x, const void *r, void *z, ptrdif
     tile_v e = tv_load(TCOL(x, i));
     if (r == NULL)
         return e;
-    LNF_PREFETCH((const char *)TCOL(r, i) + LNF_TILE_PREFETCH);
+    TILE_PREFETCH(TCOL(r, i));
     tv_store(TCOL(z, i), TV_ADD(e, tv_load(TCOL(r, i))));
     return LNF_STORAGE16 ? tv_load(TCOL(z, i)) : TV_ADD(e, tv_load(TCOL(r, i)));
 }
 
 /* s[0:T) = the lanes' sums of d = x - shift, s[T:2T) of d^2, s[2T:3T) the
  * shifts: shift[0:T) where given, else (centered) the first column, else
- * 0.  With r: x + r, stored to z and read as stored. */
+ * 0.  With r: x + r, stored to z and read as stored.  Where `copy` is
+ * given, the values summed (x, or z as stored) are kept there in LNF_T,
+ * LNF_TILE per column, for the map to read from the cache: rows far
+ * apart may share few cache sets (a power of two apart, all of them). */
 LNF_ATTR static void tile_sums(const void *x, const void *r, void *z, ptrdiff_t inner,
-                               int centered, const void *shift, double *s, ptrdiff_t D)
+                               int centered, const void *shift, double *s, ptrdiff_t D,
+                               void *copy)
 {
+    LNF_T *keep = copy;
     tile_v sh = shift != NULL ? tv_lanes(shift)
                 : centered    ? tile_in(x, r, z, inner, 0)
                               : TV_SPLAT(0);
@@ -159,11 +207,17 @@ LNF_ATTR static void tile_sums(const void *x, const void *r, void *z, ptrdiff_t 
         tile_v s1 = TV_SPLAT(0), s2 = s1;
         for (ptrdiff_t b0 = g0; b0 < g1; b0 += LNF_BLOCK) {
             ptrdiff_t b1 = b0 + LNF_BLOCK < g1 ? b0 + LNF_BLOCK : g1;
-            LNF_PREFETCH((const char *)TCOL(x, b0) + LNF_TILE_PREFETCH);
-            tile_v d = TV_SUB(tile_in(x, r, z, inner, b0), sh), t1 = d, t2 = TV_MUL(d, d);
+            TILE_PREFETCH(TCOL(x, b0));
+            tile_v e = tile_in(x, r, z, inner, b0);
+            if (keep != NULL)
+                tv_put(keep + b0 * LNF_TILE, e);
+            tile_v d = TV_SUB(e, sh), t1 = d, t2 = TV_MUL(d, d);
             for (ptrdiff_t i = b0 + 1; i < b1; i++) {
-                LNF_PREFETCH((const char *)TCOL(x, i) + LNF_TILE_PREFETCH);
-                d = TV_SUB(tile_in(x, r, z, inner, i), sh);
+                TILE_PREFETCH(TCOL(x, i));
+                e = tile_in(x, r, z, inner, i);
+                if (keep != NULL)
+                    tv_put(keep + i * LNF_TILE, e);
+                d = TV_SUB(e, sh);
                 t1 = TV_ADD(t1, d);
                 t2 = TV_ADD(t2, TV_MUL(d, d));
             }
@@ -179,39 +233,50 @@ LNF_ATTR static void tile_sums(const void *x, const void *r, void *z, ptrdiff_t 
     memcpy(s + 2 * LNF_TILE, &shd, sizeof shd);
 }
 
-/* y = the forward map of the tile (map1), k = {hi[T], lo[T], rstd[T]};
- * b NULL: RMSNorm.  y may be x. */
-LNF_ATTR static void tile_map(const void *x, void *y, ptrdiff_t inner, const void *w,
-                              const void *b, const void *k, ptrdiff_t D)
+/* y = the forward map of the tile (map1) of the values xs (tile_sums'
+ * copy), k = {hi[T], lo[T], rstd[T]}; b NULL: RMSNorm.  stream: y's
+ * columns by streaming stores (the caller checks their alignment and
+ * fences). */
+LNF_ATTR static void tile_map(const void *xs, void *y, ptrdiff_t inner, const void *w,
+                              const void *b, const void *k, ptrdiff_t D, int stream)
 {
-    const LNF_T *wt = w, *bt = b, *kt = k;
+    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream;
+    const LNF_T *wt = w, *bt = b, *kt = k, *xt = xs;
     tile_v hi = tv_lanes(kt), lo = tv_lanes(kt + LNF_TILE), rs = tv_lanes(kt + 2 * LNF_TILE);
     for (ptrdiff_t i = 0; i < D; i++) {
-        tile_v e = tv_load(TCOL(x, i));
+        tile_v e = tv_lanes(xt + i * LNF_TILE);
         if (bt != NULL)
-            tv_store(TCOL(y, i), TV_ADD(TV_MUL(TV_MUL(TV_SUB(TV_SUB(e, hi), lo), rs),
-                                               TV_SPLAT(wt[i])),
-                                        TV_SPLAT(bt[i])));
+            tv_out(TCOL(y, i), TV_ADD(TV_MUL(TV_MUL(TV_SUB(TV_SUB(e, hi), lo), rs),
+                                             TV_SPLAT(wt[i])),
+                                      TV_SPLAT(bt[i])), nt);
         else
-            tv_store(TCOL(y, i), TV_MUL(TV_MUL(e, rs), TV_SPLAT(wt[i])));
+            tv_out(TCOL(y, i), TV_MUL(TV_MUL(e, rs), TV_SPLAT(wt[i])), nt);
     }
 }
 
-/* The backward sums' terms of column i: d = x - m, g = dy w, g d. */
+/* The backward sums' terms of column i: d = x - m, g = dy w, g d; x and dy
+ * kept in the copies. */
 LNF_ATTR LNF_INLINE void tile_grad_terms(const void *x, const void *dy, ptrdiff_t inner, tile_v m,
-                                         const LNF_T *w, ptrdiff_t i, tile_v t[3])
+                                         const LNF_T *w, ptrdiff_t i, tile_v t[3], LNF_T *xs,
+                                         LNF_T *dys)
 {
-    LNF_PREFETCH((const char *)TCOL(x, i) + LNF_TILE_PREFETCH);
-    LNF_PREFETCH((const char *)TCOL(dy, i) + LNF_TILE_PREFETCH);
-    t[0] = TV_SUB(tv_load(TCOL(x, i)), m);
-    t[1] = TV_MUL(tv_load(TCOL(dy, i)), TV_SPLAT(w[i]));
+    TILE_PREFETCH(TCOL(x, i));
+    TILE_PREFETCH(TCOL(dy, i));
+    tile_v xi = tv_load(TCOL(x, i)), dyi = tv_load(TCOL(dy, i));
+    tv_put(xs + i * LNF_TILE, xi);
+    tv_put(dys + i * LNF_TILE, dyi);
+    t[0] = TV_SUB(xi, m);
+    t[1] = TV_MUL(dyi, TV_SPLAT(w[i]));
     t[2] = TV_MUL(t[1], t[0]);
 }
 
 /* The backward sums of the tile (grad_terms1): s[0:T) of d = x - mean,
- * s[T:2T) of g = dy w, s[2T:3T) of g d; mean[0:T) per lane (RMSNorm: 0). */
+ * s[T:2T) of g = dy w, s[2T:3T) of g d; mean[0:T) per lane (RMSNorm: 0).
+ * x and dy are kept in xs and dys in LNF_T, LNF_TILE per column, for the
+ * map (tile_sums). */
 LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inner,
-                                    const void *w, const void *mean, double *s, ptrdiff_t D)
+                                    const void *w, const void *mean, double *s, ptrdiff_t D,
+                                    void *xs, void *dys)
 {
     const LNF_T *wt = w;
     tile_v m = tv_lanes(mean);
@@ -223,9 +288,9 @@ LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inn
         for (ptrdiff_t b0 = g0; b0 < g1; b0 += LNF_BLOCK) {
             ptrdiff_t b1 = b0 + LNF_BLOCK < g1 ? b0 + LNF_BLOCK : g1;
             tile_v t[3], u[3];
-            tile_grad_terms(x, dy, inner, m, wt, b0, t);
+            tile_grad_terms(x, dy, inner, m, wt, b0, t, xs, dys);
             for (ptrdiff_t i = b0 + 1; i < b1; i++) {
-                tile_grad_terms(x, dy, inner, m, wt, i, u);
+                tile_grad_terms(x, dy, inner, m, wt, i, u, xs, dys);
                 for (int q = 0; q < 3; q++)
                     t[q] = TV_ADD(t[q], u[q]);
             }
@@ -241,37 +306,52 @@ LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inn
     memcpy(s, a, sizeof a);
 }
 
-/* dx of the tile (grad_map1; k = {mean, c, rstd, mean(g), mean(g xhat)},
- * LNF_TILE values each), + dz when given; each lane's dweight term dy xhat
- * (rounded to LNF_T) added in float64 to lw[i LNF_TILE + j], its dy to lb
- * (NULL: RMSNorm). */
-LNF_ATTR static void tile_grad_map(const void *x, const void *dy, const void *dz, void *dx,
-                                   ptrdiff_t inner, const void *k, double *lw, double *lb,
-                                   const void *w, ptrdiff_t D)
+/* Column i of the backward map (grad_map1) of a tile kept in xs, dys: dx
+ * (+ dz when given) to its column `inner` bytes apart, the lanes' dweight
+ * terms dy xhat added into the runs rw, their dy into rb (NULL: RMSNorm);
+ * q = {mean, c, rstd, mean(g), mean(g xhat)}. */
+LNF_ATTR LNF_INLINE void tile_grad_col(const LNF_T *xs, const LNF_T *dys, const void *dz,
+                                       void *dx, ptrdiff_t inner, const tile_v *q, LNF_T *rw,
+                                       LNF_T *rb, const LNF_T *w, ptrdiff_t i, int nt)
 {
-    const LNF_T *wt = w, *kt = k;
-    tile_v m = tv_lanes(kt), c = tv_lanes(kt + LNF_TILE), rs = tv_lanes(kt + 2 * LNF_TILE);
-    tile_v mg = tv_lanes(kt + 3 * LNF_TILE), mgx = tv_lanes(kt + 4 * LNF_TILE);
-    for (ptrdiff_t i = 0; i < D; i++) {
-        tile_v dyi = tv_load(TCOL(dy, i));
-        tile_v xh = TV_MUL(TV_SUB(TV_SUB(tv_load(TCOL(x, i)), m), c), rs);
-        tile_v dxi = TV_MUL(rs, TV_SUB(TV_SUB(TV_MUL(dyi, TV_SPLAT(wt[i])), mg), TV_MUL(xh, mgx)));
-        tile_d acc;
-        if (dz != NULL)
-            dxi = TV_ADD(dxi, tv_load(TCOL(dz, i)));
-        tv_store(TCOL(dx, i), dxi);
-        memcpy(&acc, lw + i * LNF_TILE, sizeof acc);
-        acc = TD_ADD(acc, TV_WIDEN(TV_MUL(dyi, xh)));
-        memcpy(lw + i * LNF_TILE, &acc, sizeof acc);
-        if (lb != NULL) {
-            memcpy(&acc, lb + i * LNF_TILE, sizeof acc);
-            acc = TD_ADD(acc, TV_WIDEN(dyi));
-            memcpy(lb + i * LNF_TILE, &acc, sizeof acc);
-        }
-    }
+    tile_v dyi = tv_lanes(dys + i * LNF_TILE);
+    tile_v xh = TV_MUL(TV_SUB(TV_SUB(tv_lanes(xs + i * LNF_TILE), q[0]), q[1]), q[2]);
+    tile_v dxi = TV_MUL(q[2], TV_SUB(TV_SUB(TV_MUL(dyi, TV_SPLAT(w[i])), q[3]), TV_MUL(xh, q[4])));
+    if (dz != NULL)
+        dxi = TV_ADD(dxi, tv_load(TCOL(dz, i)));
+    tv_out(TCOL(dx, i), dxi, nt);
+    tv_put(rw + i * LNF_TILE, TV_ADD(tv_lanes(rw + i * LNF_TILE), TV_MUL(dyi, xh)));
+    if (rb != NULL)
+        tv_put(rb + i * LNF_TILE, TV_ADD(tv_lanes(rb + i * LNF_TILE), dyi));
+}
+
+/* The backward map of a tile from xs and dys (tile_grad_sums' copies; k:
+ * the five q of tile_grad_col, LNF_TILE values each), dx and dz `inner`
+ * bytes apart; gw, gb: the dweight/dbias runs.  stream: dx by streaming
+ * stores. */
+LNF_ATTR static void tile_grad_map(const void *xs, const void *dys, const void *dz, void *dx,
+                                   ptrdiff_t inner, const void *k, void *gw, void *gb,
+                                   const void *w, ptrdiff_t D, int stream)
+{
+    const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream;
+    tile_v q[5];
+    for (int j = 0; j < 5; j++)
+        q[j] = tv_lanes((const LNF_T *)k + j * LNF_TILE);
+    if (dz == NULL && gb != NULL)       /* (the common cases, with no tests per column) */
+        for (ptrdiff_t i = 0; i < D; i++)
+            tile_grad_col(xs, dys, NULL, dx, inner, q, gw, gb, w, i, nt);
+    else if (dz == NULL)
+        for (ptrdiff_t i = 0; i < D; i++)
+            tile_grad_col(xs, dys, NULL, dx, inner, q, gw, NULL, w, i, nt);
+    else
+        for (ptrdiff_t i = 0; i < D; i++)
+            tile_grad_col(xs, dys, dz, dx, inner, q, gw, gb, w, i, nt);
 }
 #undef TCOL
 #undef TILE_BLOCKS
+#undef TILE_PREFETCH
+#undef TILE_AHEAD
+#undef TILE_NTSTORE
 #undef TV_ADD
 #undef TV_SUB
 #undef TV_MUL
