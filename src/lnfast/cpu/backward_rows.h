@@ -302,34 +302,17 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
         fold_grads(sc, dw, D, c0, c1, c);
 }
 
-/* dw[i] += the sum of the LNF_TILE lanes of run i (halves added into
- * halves, in float64), for i < width; the runs zeroed. */
-static void F(add_lanes)(REAL *lanes, double *dw, ptrdiff_t width)
-{
-    for (ptrdiff_t i = 0; i < width; i++) {
-        double t[LNF_TILE];
-        for (int j = 0; j < LNF_TILE; j++)
-            t[j] = lanes[i * LNF_TILE + j];
-#pragma GCC unroll 4
-        for (int h = LNF_TILE / 2; h > 0; h /= 2)
-#pragma GCC unroll 8
-            for (int j = 0; j < h; j++)
-                t[j] += t[j + h];
-        dw[i] += t[0];
-    }
-    memset(lanes, 0, (size_t)(width * LNF_TILE) * sizeof(REAL));
-}
-
 /* Rows r0..r1-1 of a chunk far apart whose neighbours are adjacent, by
  * tiles of LNF_TILE rows from r0; a run of b->run adjacent rows ends in a
  * shorter tile, which runs on copies (lnf_tile_gather), so a chunk's tiles
  * depend on the shape alone.  The map reads x and dy from the copies the
  * sums kept (xs, dys).  Each tile adds its dweight/dbias terms into
- * per-lane runs (tileops.h), which are added into the partial rows dw
- * after every LNF_RUN_ROWS tiles and after the chunk's last.  Rows that
- * row_grad_scalars turns down are zeroed in xs and dys (they then add
- * nothing) and redone by backward_exact (its float64 terms go into dw
- * itself, or for float32 arithmetic into sc->grads). */
+ * per-lane runs (tileops.h), which are added across their lanes into
+ * the partial rows dw after every LNF_RUN_ROWS tiles and after the
+ * chunk's last (tile_fold).  Rows that row_grad_scalars turns down are
+ * zeroed in xs and dys (they then add nothing) and redone by
+ * backward_exact (its float64 terms go into dw itself, or for float32
+ * arithmetic into sc->grads). */
 static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
                               const REAL *rstd, ptrdiff_t r0, ptrdiff_t r1, double *dw,
                               lnf_scratch *sc)
@@ -380,7 +363,7 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         ops->tile_grad_map(xs, dys, pdz, pdx, inner, k, lanes, c ? lanes + D * T : NULL, w, D,
                            b->stream && n == T);
         if (++tiles % LNF_RUN_ROWS == 0 || r + n == r1)
-            F(add_lanes)(lanes, dw, width);
+            ops->tile_fold(lanes, dw, width);
         if (n < T)
             lnf_tile_scatter(pdx, lnf_row(&a->dx, r), a->x.inner, n, isz, D);
         if (any && b->stream)           /* (the streamed lines before the rare rows) */

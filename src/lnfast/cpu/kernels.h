@@ -48,6 +48,7 @@ typedef struct lnf_row_ops {
     void (*tile_grad_map)(const void *xs, const void *dys, const void *dz, void *dx,
                           ptrdiff_t inner, const void *k, void *gw, void *gb, const void *w,
                           ptrdiff_t D, int stream);
+    void (*tile_fold)(void *runs, double *dw, ptrdiff_t width);
 } lnf_row_ops;
 
 /* 16-bit rows of any byte stride to and from float32 (convert.c). */

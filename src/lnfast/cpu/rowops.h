@@ -752,5 +752,5 @@ LNF_ATTR static void grad_map_sums(const void *x, const void *dy, const void *dz
 
 const lnf_row_ops LNF_CAT(lnf_ops, LNF_NAME) = {
     row_sums,  row_map,  row_map_sums,   grad_sums,     grad_map, grad_map_sums,
-    tile_sums, tile_map, tile_grad_sums, tile_grad_map,
+    tile_sums, tile_map, tile_grad_sums, tile_grad_map, tile_fold,
 };

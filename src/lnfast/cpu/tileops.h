@@ -24,6 +24,7 @@
  *   tile_map        the forward map
  *   tile_grad_sums  the backward sums
  *   tile_grad_map   the backward map: dx, and the dweight/dbias runs
+ *   tile_fold       the runs added across their lanes into the partial rows
  */
 #ifndef LNFAST_ROWOPS_H
 #error "tileops.h: part of rowops.h"
@@ -346,6 +347,18 @@ LNF_ATTR static void tile_grad_map(const void *xs, const void *dys, const void *
     else
         for (ptrdiff_t i = 0; i < D; i++)
             tile_grad_col(xs, dys, dz, dx, inner, q, gw, gb, w, i, nt);
+}
+/* dw[i] += the sum of run i's LNF_TILE lanes in float64, halves added
+ * into halves (lnf_fold's order, LNF_FOLD), for i < width; the runs
+ * zeroed. */
+LNF_ATTR static void tile_fold(void *runs, double *dw, ptrdiff_t width)
+{
+    const LNF_T *r = runs;
+    for (ptrdiff_t i = 0; i < width; i++) {
+        tile_d d = TV_WIDEN(tv_lanes(r + i * LNF_TILE));
+        dw[i] += LNF_FOLD(d.v, d.v);
+    }
+    memset(runs, 0, (size_t)(width * LNF_TILE) * sizeof(LNF_T));
 }
 #undef TCOL
 #undef TILE_BLOCKS
