@@ -52,6 +52,10 @@ def add_arguments(p):
     p.add_argument("--axes", action="store_true",
                    help="LayerNorm over other axes (channels-first (N, C, H, W) over C, and "
                         "two trailing axes) against PyTorch's ways, instead")
+    p.add_argument("--torch", action="store_true",
+                   help="lnfast.torch's modules against torch.nn's (eager forward + backward, "
+                        "default shapes 8192x1024 256x1024 32x768 1x768) and a transformer "
+                        "block's training step, instead")
     p.add_argument("--gpu", action="store_true",
                    help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
 
@@ -254,6 +258,13 @@ def run(args):
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(threads)
+    if args.torch:
+        from lnfast import _bench_torch
+
+        results = _bench_torch.run(args, torch, threads)
+        _cpu.simd_path("best")
+        _write_json(args.json, threads, torch, sweeps, results)
+        return 0
     if args.axes:
         from lnfast import _bench_axes
 

@@ -1,0 +1,101 @@
+"""`python -m lnfast bench --torch`: lnfast.torch's modules against
+torch.nn's, in eager mode, and a training step of a small pre-norm
+transformer block with and without `replace_norms`.
+
+Module rows time forward plus backward of `LayerNorm`/`RMSNorm` over
+(M, D) tensors that require gradients (the gradient of the sum: dy is
+ones); "GB/s" counts the bytes a perfect pair of kernels moves (x in, y
+out; x and dy in, dx out: 5 x.nbytes).  The block is width 768, sequence
+256, batch 8, float32: attention, an MLP and two LayerNorms, forward,
+backward and an SGD step.
+"""
+import sys
+
+from lnfast._bench import _median_seconds
+
+SHAPES = ["8192x1024", "256x1024", "32x768", "1x768"]
+QUICK = ["256x1024", "1x768"]
+DTYPES = ["float32", "bfloat16"]
+
+
+def _block(torch, width=768, heads=12):
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.attn = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    return Block()
+
+
+def run(args, torch, threads):
+    if torch is None:
+        print("bench --torch needs PyTorch (pip install lnfast[torch])", file=sys.stderr)
+        return []
+    import lnfast.torch as lt
+
+    repeat = args.repeat or (5 if args.quick else 15)
+    budget = 0.5 if args.quick else 1.5
+    shapes = args.shapes or (QUICK if args.quick else SHAPES)
+    dtypes = [d for d in args.dtypes if d in DTYPES] or DTYPES
+    rows = []
+    for shape in shapes:
+        M, D = (int(v) for v in shape.lower().split("x"))
+        for dname in dtypes:
+            dt = getattr(torch, dname)
+            print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
+            x = torch.randn(M, D, dtype=dt, requires_grad=True)
+            for kind in ("LayerNorm", "RMSNorm"):
+                ref = getattr(torch.nn, kind)(D, dtype=dt)
+                for impl, m in (("torch.nn", ref), ("lnfast", getattr(lt, kind)(D, dtype=dt))):
+                    def step(m=m):
+                        m(x).sum().backward()
+                    sec = _median_seconds(step, repeat, budget)
+                    rows.append({"group": "module", "module": kind, "shape": shape,
+                                 "dtype": dname, "impl": impl, "ms": sec * 1e3,
+                                 "gbs": 5 * x.nbytes / sec / 1e9})
+    print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    rows += _training_step(torch, lt, args.quick, repeat, budget)
+    _print(rows, threads)
+    return rows
+
+
+def _training_step(torch, lt, quick, repeat, budget):
+    torch.manual_seed(0)
+    block = _block(torch)
+    x = torch.randn(2 if quick else 8, 64 if quick else 256, 768)
+    opt = torch.optim.SGD(block.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad()
+        block(x).square().mean().backward()
+        opt.step()
+
+    rows = []
+    for impl in ("torch.nn", "lnfast"):
+        if impl == "lnfast":
+            lt.replace_norms(block)
+        sec = _median_seconds(step, repeat, budget)
+        rows.append({"group": "training step", "module": "pre-norm block",
+                     "shape": "x".join(map(str, x.shape)), "dtype": "float32", "impl": impl,
+                     "ms": sec * 1e3, "gbs": None})
+    return rows
+
+
+def _print(rows, threads):
+    print(f"PyTorch eager, forward + backward, {threads} thread(s)")
+    print("| module | shape | dtype | impl | ms | GB/s | lnfast speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    ref = {(r["module"], r["shape"], r["dtype"]): r["ms"] for r in rows if r["impl"] == "torch.nn"}
+    for r in rows:
+        gbs = "" if r["gbs"] is None else f"{r['gbs']:.1f}"
+        up = ref[(r["module"], r["shape"], r["dtype"])] / r["ms"] if r["impl"] == "lnfast" else 1
+        print(f"| {r['module']} | {r['shape']} | {r['dtype']} | {r['impl']} | {r['ms']:.3f} "
+              f"| {gbs} | {up:.2f}x |")

@@ -1,0 +1,338 @@
+"""lnfast.torch (SPEC "Frameworks and engines", PyTorch): torch.nn.functional's
+and torch.nn's behaviour, autograd, the custom operators and torch.compile."""
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+lt = pytest.importorskip("lnfast.torch")
+# (torch.nn.MultiheadAttention meets a deprecated torch.jit helper)
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+# (rtol, atol) against torch.nn.functional in float64 arithmetic
+TOL = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12),
+       torch.float16: (2e-3, 4e-3), torch.bfloat16: (1.6e-2, 3e-2)}
+
+
+@pytest.fixture
+def gen(request):
+    import zlib
+
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def randn(gen, *shape, dtype=torch.float64, grad=False, scale=1.0, shift=0.0):
+    t = (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def grads(out, inputs, dout):
+    return torch.autograd.grad(out, [t for t in inputs if t is not None], dout,
+                               allow_unused=True)
+
+
+def test_import_lnfast_does_not_import_torch():
+    code = "import sys, lnfast; assert 'torch' not in sys.modules; print('ok')"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True).stdout.strip() == "ok"
+
+
+# --- against torch.nn.functional -------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,norm", [((6, 7, 33), (33,)), ((4, 5, 8), (5, 8)),
+                                        ((3, 1), (1,)), ((0, 16), (16,)), ((16,), (16,))])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_matches_functional(gen, dtype, shape, norm, affine):
+    x = randn(gen, *shape, dtype=dtype, grad=True, scale=2, shift=3)
+    w = randn(gen, *norm, dtype=dtype, grad=True) if affine else None
+    b = randn(gen, *norm, dtype=dtype, grad=True) if affine else None
+    y = lt.layer_norm(x, norm, w, b)
+    assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
+    x64, w64, b64 = (None if t is None else t.detach().double().requires_grad_()
+                     for t in (x, w, b))
+    want = F.layer_norm(x64, norm, w64, b64)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(y.double(), want, rtol=rtol, atol=atol)
+    dy = randn(gen, *shape, dtype=dtype)
+    for got, ref in zip(grads(y, (x, w, b), dy), grads(want, (x64, w64, b64), dy.double())):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol * 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("eps", [None, 1e-6])
+def test_rms_norm_matches_functional(gen, dtype, eps):
+    x = randn(gen, 5, 6, 40, dtype=dtype, grad=True)
+    w = randn(gen, 6, 40, dtype=dtype, grad=True)
+    y = lt.rms_norm(x, (6, 40), w, eps)
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    # eps=None is the input dtype's machine epsilon, as in torch
+    e = torch.finfo(dtype).eps if eps is None else eps
+    want = F.rms_norm(x64, (6, 40), w64, e)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(y.double(), want, rtol=rtol, atol=atol)
+    dy = randn(gen, 5, 6, 40, dtype=dtype)
+    for got, ref in zip(grads(y, (x, w), dy), grads(want, (x64, w64), dy.double())):
+        torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol * 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_add_layer_norm_matches_functional(gen, dtype):
+    x, r = (randn(gen, 7, 3, 24, dtype=dtype, grad=True) for _ in range(2))
+    w, b = (randn(gen, 24, dtype=dtype, grad=True) for _ in range(2))
+    y, z = lt.add_layer_norm(x, r, 24, w, b)
+    z_ref = x + r
+    y_ref = F.layer_norm(z_ref, (24,), w, b)
+    torch.testing.assert_close(z, z_ref, rtol=0, atol=0)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(y, y_ref, rtol=rtol, atol=atol)
+    dy, dz = randn(gen, 7, 3, 24, dtype=dtype), randn(gen, 7, 3, 24, dtype=dtype)
+    got = torch.autograd.grad((y, z), (x, r, w, b), (dy, dz))
+    ref = torch.autograd.grad((y_ref, z_ref), (x, r, w, b), (dy, dz))
+    for g, e in zip(got, ref):
+        torch.testing.assert_close(g, e, rtol=rtol * 10, atol=atol * 10)
+
+
+def test_large_offset_more_accurate_than_torch(gen):
+    # float32 rows at an offset of 1e5: lnfast's statistics are float64
+    x = randn(gen, 64, 512, dtype=torch.float32, shift=1e5)
+    want = F.layer_norm(x.double(), (512,))
+    err = (lt.layer_norm(x, 512).double() - want).abs().max().item()
+    assert err < 1e-5, err
+
+
+def test_float32_weight_with_16_bit_input(gen):
+    x = randn(gen, 8, 64, dtype=torch.bfloat16, grad=True)
+    w = randn(gen, 64, dtype=torch.float32, grad=True)
+    y = lt.layer_norm(x, 64, w, None)
+    assert y.dtype == torch.bfloat16
+    dx, dw = torch.autograd.grad(y.float().sum(), (x, w))
+    assert dx.dtype == torch.bfloat16 and dw.dtype == torch.float32
+    want = F.layer_norm(x.double(), (64,), w.double())
+    torch.testing.assert_close(y.double(), want, rtol=1.6e-2, atol=3e-2)
+
+
+def test_non_contiguous_and_read_only_inputs(gen):
+    base = randn(gen, 24, 10, dtype=torch.float32)
+    x = base.t()                # (10, 24) transposed view
+    w = randn(gen, 24, dtype=torch.float32)
+    torch.testing.assert_close(lt.layer_norm(x, 24, w), F.layer_norm(x, (24,), w))
+    xs = base[::2, ::3]         # strided both ways
+    torch.testing.assert_close(lt.rms_norm(xs, xs.shape[-1:]), F.rms_norm(xs, xs.shape[-1:]))
+
+
+def test_inputs_unchanged(gen):
+    x = randn(gen, 9, 16, dtype=torch.float32, grad=True)
+    w, b = randn(gen, 16, dtype=torch.float32, grad=True), randn(gen, 16, dtype=torch.float32)
+    before = [t.detach().clone() for t in (x, w, b)]
+    lt.layer_norm(x, 16, w, b).sum().backward()
+    for t, c in zip((x, w, b), before):
+        assert torch.equal(t.detach(), c)
+
+
+# --- autograd ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("norm,affine", [((8,), True), ((8,), False), ((3, 8), True)])
+def test_gradcheck_layer_norm(gen, norm, affine):
+    x = randn(gen, 2, 3, 8, grad=True)
+    params = [randn(gen, *norm, grad=True) for _ in range(2)] if affine else [None, None]
+    assert torch.autograd.gradcheck(lambda x, *p: lt.layer_norm(x, norm, *p),
+                                    (x, *params))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_gradcheck_rms_norm(gen, affine):
+    x = randn(gen, 4, 2, 6, grad=True)
+    w = randn(gen, 2, 6, grad=True) if affine else None
+    assert torch.autograd.gradcheck(lambda x, w: lt.rms_norm(x, (2, 6), w), (x, w))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_gradcheck_add_layer_norm_both_outputs(gen, affine):
+    x, r = randn(gen, 3, 5, 7, grad=True), randn(gen, 3, 5, 7, grad=True)
+    params = [randn(gen, 5, 7, grad=True) for _ in range(2)] if affine else [None, None]
+    assert torch.autograd.gradcheck(lambda x, r, *p: lt.add_layer_norm(x, r, (5, 7), *p),
+                                    (x, r, *params))
+    # the gradient of z alone, and of y alone
+    assert torch.autograd.gradcheck(lambda x, r: lt.add_layer_norm(x, r, (5, 7))[1], (x, r))
+    assert torch.autograd.gradcheck(lambda x, r: lt.add_layer_norm(x, r, (5, 7))[0], (x, r))
+
+
+def test_double_backward_is_an_error(gen):
+    x = randn(gen, 4, 8, grad=True)
+    (g,) = torch.autograd.grad(lt.layer_norm(x, 8).pow(2).sum(), x, create_graph=True)
+    # PyTorch's own error for an operator without a derivative, naming it
+    with pytest.raises(RuntimeError, match="lnfast.norm_backward"):
+        g.sum().backward()
+
+
+def test_only_requested_gradients(gen):
+    x = randn(gen, 4, 8, grad=False)
+    w = randn(gen, 8, grad=True)
+    (dw,) = torch.autograd.grad(lt.layer_norm(x, 8, w).sum(), w)
+    assert dw.shape == (8,)
+
+
+# --- custom operators and torch.compile ----------------------------------------------
+
+def test_opcheck(gen):
+    x, r, dy = (randn(gen, 3, 4, 8, dtype=torch.float32, grad=True) for _ in range(3))
+    w, b = (randn(gen, 4, 8, dtype=torch.float32, grad=True) for _ in range(2))
+    norm = torch.ops.lnfast.norm.default
+    for args in [(x, None, w, b, 2, 1e-5, True), (x, r, w, b, 2, 1e-5, True),
+                 (x, None, w, None, 2, 1e-6, False), (x, None, None, None, 1, 1e-5, True)]:
+        torch.library.opcheck(norm, args)
+    y, _, mean, rstd = norm(x, None, w, b, 2, 1e-5, True)
+    back = torch.ops.lnfast.norm_backward.default
+    for dz, centered in [(None, True), (dy.detach(), True), (None, False)]:
+        torch.library.opcheck(back, (dy.detach(), x.detach(), mean.detach(), rstd.detach(),
+                                     w.detach(), dz, 2, centered))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(gen, backend, dynamic):
+    torch._dynamo.reset()
+    x, r = randn(gen, 6, 32, dtype=torch.float32, grad=True), randn(gen, 6, 32, dtype=torch.float32)
+    w, b = (randn(gen, 32, dtype=torch.float32, grad=True) for _ in range(2))
+
+    def step(x, r, w, b):
+        y, z = lt.add_layer_norm(x, r, 32, w, b)
+        return (lt.layer_norm(y.tanh(), 32, w, b) + lt.rms_norm(z, 32, w)).square().sum()
+
+    compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=dynamic)
+    for rows in (6, 9):         # a second shape: recompiled, or traced dynamically
+        xs = randn(gen, rows, 32, dtype=torch.float32, grad=True)
+        rs = randn(gen, rows, 32, dtype=torch.float32)
+        got = compiled(xs, rs, w, b)
+        want = step(xs, rs, w, b)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        for g, e in zip(torch.autograd.grad(got, (xs, w, b)), torch.autograd.grad(want, (xs, w, b))):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("centered", [True, False])
+def test_every_path_gives_the_same_bits(gen, centered):
+    # the operator, the autograd.Function (grad), and the call without grad
+    x = randn(gen, 10, 48, dtype=torch.float32)
+    w, b = (randn(gen, 48, dtype=torch.float32) for _ in range(2))
+    b = b if centered else None
+    fn = (lambda x: lt.layer_norm(x, 48, w, b)) if centered else (lambda x: lt.rms_norm(x, 48, w))
+    y_op = torch.ops.lnfast.norm(x, None, w, b, 1, 1e-5 if centered else torch.finfo().eps,
+                                 centered)[0]
+    assert torch.equal(fn(x), y_op)
+    assert torch.equal(fn(x.clone().requires_grad_()), y_op)
+    with torch.no_grad():
+        assert torch.equal(fn(x.clone().requires_grad_()), y_op)
+    r = randn(gen, 10, 48, dtype=torch.float32)
+    y, z = lt.add_layer_norm(x, r, 48, w, b)
+    y2, z2 = lt.add_layer_norm(x.clone().requires_grad_(), r, 48, w, b)
+    assert torch.equal(y, y2) and torch.equal(z, z2) and torch.equal(z, x + r)
+
+
+# --- modules ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [{}, {"elementwise_affine": False}, {"bias": False}])
+def test_layer_norm_module_state_dict_round_trips(gen, kwargs):
+    ours, theirs = lt.LayerNorm((3, 8), **kwargs), torch.nn.LayerNorm((3, 8), **kwargs)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(randn(gen, *p.shape, dtype=p.dtype))
+    ours.load_state_dict(theirs.state_dict())
+    back = torch.nn.LayerNorm((3, 8), **kwargs)
+    back.load_state_dict(ours.state_dict())
+    x = randn(gen, 5, 3, 8, dtype=torch.float32)
+    torch.testing.assert_close(ours(x), theirs(x))
+    torch.testing.assert_close(back(x), theirs(x))
+
+
+def test_rms_norm_module(gen):
+    ours, theirs = lt.RMSNorm(16, eps=None), torch.nn.RMSNorm(16, eps=None)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    with torch.no_grad():
+        theirs.weight.copy_(randn(gen, 16, dtype=torch.float32))
+    ours.load_state_dict(theirs.state_dict())
+    x = randn(gen, 4, 16, dtype=torch.float32)
+    torch.testing.assert_close(ours(x), theirs(x))
+    m = lt.RMSNorm(16, dtype=torch.float64)
+    assert m.weight.dtype == torch.float64 and isinstance(m, torch.nn.RMSNorm)
+
+
+class Block(torch.nn.Module):
+    """A small pre-norm transformer block."""
+
+    def __init__(self, width=64, heads=4):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.attn = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width))
+        self.out = torch.nn.RMSNorm(width)
+
+    def forward(self, x):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return self.out(x + self.mlp(self.ln2(x)))
+
+
+def test_replace_norms_on_a_transformer_block(gen):
+    torch.manual_seed(0)
+    model = Block()
+    x = randn(gen, 2, 10, 64, dtype=torch.float32)
+    loss = model(x).square().mean()
+    want = torch.autograd.grad(loss, list(model.parameters()))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert lt.replace_norms(model) is model
+    assert type(model.ln1) is lt.LayerNorm and type(model.out) is lt.RMSNorm
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+    loss2 = model(x).square().mean()
+    torch.testing.assert_close(loss2, loss, rtol=1e-5, atol=1e-6)
+    got = torch.autograd.grad(loss2, list(model.parameters()))
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    # the optimizer built before the swap still holds the modules' parameters
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    assert {id(model.ln1.weight), id(model.ln2.bias), id(model.out.weight)} <= held
+    model(x).square().mean().backward()
+    assert model.ln2.weight.grad is not None and model.ln2.weight.grad.abs().sum() > 0
+
+
+def test_replace_norms_keeps_dtype_device_and_mode():
+    m = torch.nn.Sequential(torch.nn.LayerNorm(8, dtype=torch.float64, bias=False),
+                            torch.nn.RMSNorm(8)).eval()
+    lt.replace_norms(m)
+    assert m[0].weight.dtype == torch.float64 and m[0].bias is None
+    assert not m[0].training and not m[1].training
+    top = lt.replace_norms(torch.nn.LayerNorm(4))
+    assert type(top) is lt.LayerNorm
+
+
+# --- bad input --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda x, w: lt.layer_norm(x, 7, w), ValueError, "normalized_shape"),
+    (lambda x, w: lt.layer_norm(x, (4, 9), None), ValueError, "normalized_shape"),
+    (lambda x, w: lt.layer_norm(x, 8, w.double()), TypeError, "weight"),
+    (lambda x, w: lt.layer_norm(x, 8, w[:4]), ValueError, "weight"),
+    (lambda x, w: lt.layer_norm(x, 8, None, w.numpy()), TypeError, "bias"),
+    (lambda x, w: lt.layer_norm(x.numpy(), 8), TypeError, "input"),
+    (lambda x, w: lt.layer_norm(x.int(), 8), TypeError, "input"),
+    (lambda x, w: lt.layer_norm(x, 8, eps=-1.0), ValueError, "eps"),
+    (lambda x, w: lt.rms_norm(x, "8"), TypeError, "normalized_shape"),
+    (lambda x, w: lt.add_layer_norm(x, x[:2], 8), ValueError, "residual"),
+    (lambda x, w: lt.add_layer_norm(x, x.double(), 8), ValueError, "residual"),
+])
+def test_bad_input(gen, call, exc, match):
+    x = randn(gen, 4, 8, dtype=torch.float32)
+    w = randn(gen, 8, dtype=torch.float32)
+    before = (x.clone(), w.clone())
+    with pytest.raises(exc, match=match) as info:
+        call(x, w)
+    assert isinstance(info.value, RuntimeError)      # as torch.nn.functional raises
+    assert torch.equal(x, before[0]) and torch.equal(w, before[1])
