@@ -2,10 +2,11 @@
 torch.nn's, in eager mode, and a training step of a small pre-norm
 transformer block with and without `replace_norms`.
 
-Module rows time forward plus backward of `LayerNorm`/`RMSNorm` over
-(M, D) tensors that require gradients (the gradient of the sum: dy is
-ones); "GB/s" counts the bytes a perfect pair of kernels moves (x in, y
-out; x and dy in, dx out: 5 x.nbytes).  The block is width 768, sequence
+Module rows time forward plus backward of `LayerNorm`/`RMSNorm` over an
+(M, D) tensor, `torch.autograd.grad(module(x), (x, weight, bias), dy)`
+with a random dy (no gradients accumulated into `.grad`); "GB/s" counts
+the bytes a perfect pair of kernels moves (x in, y out; x and dy in, dx
+out: 5 x.nbytes).  The block is width 768, sequence
 256, batch 8, float32: attention, an MLP and two LayerNorms, forward,
 backward and an SGD step.
 """
@@ -52,11 +53,12 @@ def run(args, torch, threads):
             dt = getattr(torch, dname)
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
             x = torch.randn(M, D, dtype=dt, requires_grad=True)
+            dy = torch.randn(M, D, dtype=dt)
             for kind in ("LayerNorm", "RMSNorm"):
                 ref = getattr(torch.nn, kind)(D, dtype=dt)
                 for impl, m in (("torch.nn", ref), ("lnfast", getattr(lt, kind)(D, dtype=dt))):
                     def step(m=m):
-                        m(x).sum().backward()
+                        torch.autograd.grad(m(x), (x, *m.parameters()), dy)
                     sec = _median_seconds(step, repeat, budget)
                     rows.append({"group": "module", "module": kind, "shape": shape,
                                  "dtype": dname, "impl": impl, "ms": sec * 1e3,
