@@ -336,3 +336,22 @@ def test_bad_input(gen, call, exc, match):
         call(x, w)
     assert isinstance(info.value, RuntimeError)      # as torch.nn.functional raises
     assert torch.equal(x, before[0]) and torch.equal(w, before[1])
+
+
+# --- CUDA tensors (through DLPack to lnfast's CuPy kernels) ---------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device for torch")
+def test_cuda_tensors_match_the_cpu(gen):
+    pytest.importorskip("cupy")
+    x = randn(gen, 64, 3, 96, dtype=torch.float32)
+    w, b = randn(gen, 3, 96, dtype=torch.float32), randn(gen, 3, 96, dtype=torch.float32)
+    dy = randn(gen, 64, 3, 96, dtype=torch.float32)
+    outs = []
+    for device in ("cpu", "cuda"):
+        xs, ws, bs = (t.to(device).requires_grad_() for t in (x, w, b))
+        y = lt.layer_norm(xs, (3, 96), ws, bs)
+        assert y.device.type == device
+        outs.append([y, *torch.autograd.grad(y, (xs, ws, bs), dy.to(device))])
+    for c, g in zip(*outs):
+        torch.testing.assert_close(g.cpu(), c, rtol=1e-5, atol=1e-5)

@@ -221,8 +221,7 @@ class _Norm(torch.autograd.Function):
     def forward(ctx, x, residual, weight, bias, k, eps, centered):
         y, z, mean, rstd = _norm(x, residual, weight, bias, k, eps, centered)
         _save(ctx, x, residual, weight, bias, k, centered, z, mean, rstd)
-        ctx.mark_non_differentiable(mean, rstd)
-        return y, z
+        return y, (z if residual is not None else None)
 
     @staticmethod
     def backward(ctx, dy, dz):
