@@ -127,13 +127,10 @@ static void round_run(const float *g, ptrdiff_t width, void *out, int dtype)
         lnf_kernels_for(dtype)->narrow(g, (char *)out, 2, width);
 }
 
-/* The first row of chunk c: c M / nchunks, or for tiles the start of the
- * tile that row is in (tiles start at each run's start), so that no chunk
- * cuts a tile short. */
+/* The first row of chunk c: c M / nchunks, for tiles at its tile's start. */
 static inline ptrdiff_t chunk_row(const lnf_bwd *b, ptrdiff_t c, ptrdiff_t nchunks)
 {
-    ptrdiff_t r = c * b->a->M / nchunks;
-    return b->run ? r - r % b->run % LNF_TILE : r;
+    return lnf_tile_start(c * b->a->M / nchunks, b->run);
 }
 
 #define REAL float

@@ -80,10 +80,20 @@ static inline ptrdiff_t lnf_tile_run(const lnf_array *const *arrays, int n, ptrd
     return P > 1 ? P : 0;
 }
 
+/* Row r moved back to the first row of its tile: tiles start at each run's
+ * first row and every LNF_TILE rows after (run 0: rows one by one).  The
+ * drivers begin each thread's and chunk's rows there, so that none cuts a
+ * tile short and a full tile starts where lnf_tile_streamed looked. */
+static inline ptrdiff_t lnf_tile_start(ptrdiff_t r, ptrdiff_t run)
+{
+    return run ? r - r % run % LNF_TILE : r;
+}
+
 /* Tiles of `out` (rows far apart) written with streaming stores: float32
  * and float64 outputs of LNF_STREAM_MIN_BYTES or more, whose columns start
- * on cache lines wherever a full tile starts (a run's tiles start at its
- * first row; lnf_array's last leading axis is the run), so that each column's stores fill whole lines. */
+ * on cache lines wherever a full tile starts (lnf_tile_start; lnf_array's
+ * last leading axis is the run), so that each column's stores, a vector
+ * at a time, fill whole lines. */
 static inline int lnf_tile_streamed(const lnf_array *out, ptrdiff_t run, ptrdiff_t M, ptrdiff_t D)
 {
     ptrdiff_t isz = lnf_itemsize(out->dtype), line = 64;

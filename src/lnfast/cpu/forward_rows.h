@@ -381,7 +381,8 @@ static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, ln
         const REAL *b = a->centered ? lnf_param(&a->bias, mine->params ? (REAL *)mine->params + D : NULL, D) : w;
 #pragma omp for schedule(static)
         for (ptrdiff_t t = 0; t < nt; t++)
-            F(forward_range)(f, w, b, mean_out, rstd_out, t * M / nt, (t + 1) * M / nt, mine);
+            F(forward_range)(f, w, b, mean_out, rstd_out, lnf_tile_start(t * M / nt, f->run),
+                             lnf_tile_start((t + 1) * M / nt, f->run), mine);
     }
 }
 
