@@ -207,9 +207,10 @@ def test_streamed_tiles(rng, dtype):
     assert err(dw, rdw) < BWD_TOL[dtype] and err(db, rdb) < BWD_TOL[dtype]
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3, 5, 7])
 def test_streamed_tiles_split_between_threads(threads):
-    """A run of 48 rows (6x8) split between threads mid-run: every full
+    """A run of 48 rows (6x8) split between threads mid-run (at rows 24,
+    16, 9, 20 of a run: 16 bytes past any 32-byte line, too): every full
     tile still starts on a cache line (streamed), the bits of one thread."""
     x = np.random.default_rng(5).standard_normal((3, 16384, 6, 8)).astype(np.float32)
     assert x.nbytes >= 1 << 23

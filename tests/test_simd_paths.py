@@ -57,12 +57,19 @@ def test_every_path_gives_the_same_bytes(rng, on_path, dtype, D):
 
 
 # rows far apart (channels-first tiles: full, and a short one copied; 17
-# normalized elements, one past a group of blocks) and axes gathered
+# normalized elements, one past a group of blocks; more than 16 tiles to a
+# chunk of the backward) and axes gathered; a constant row and one far
+# from its shift among them (rows redone in float64)
 @pytest.mark.parametrize("shape,axis", [((3, 17, 5, 7), 1), ((2, 40, 4, 4), -3),
-                                        ((2, 6, 4, 10), (1, 3))])
+                                        ((2, 8, 128, 72), 1), ((2, 6, 4, 10), (1, 3))])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_every_path_gives_the_same_bytes_over_axes(rng, on_path, dtype, shape, axis):
     x = (rng.standard_normal(shape) * 3 + 5).astype(dtype)
+    ax = tuple(np.atleast_1d(axis) % len(shape))
+    rows = np.moveaxis(x, ax, tuple(range(len(shape) - len(ax), len(shape))))
+    lead = len(shape) - len(ax)
+    rows[(0,) * lead] = 7
+    rows[(1,) * (lead - 1) + (2,)] += 3e4 if np.dtype(dtype).itemsize > 2 else 300
     dy = rng.standard_normal(shape).astype(dtype)
     norm = tuple(np.take(shape, np.atleast_1d(axis)))
     w = rng.standard_normal(norm).astype(np.float64 if dtype == np.float64 else np.float32)

@@ -173,8 +173,17 @@ def test_double_backward_is_an_error(gen):
 def test_only_requested_gradients(gen):
     x = randn(gen, 4, 8, grad=False)
     w = randn(gen, 8, grad=True)
-    (dw,) = torch.autograd.grad(lt.layer_norm(x, 8, w).sum(), w)
-    assert dw.shape == (8,)
+    dy = randn(gen, 4, 8)
+    (dw,) = torch.autograd.grad(lt.layer_norm(x, 8, w), w, dy)
+    (want,) = torch.autograd.grad(F.layer_norm(x, (8,), w), w, dy)
+    torch.testing.assert_close(dw, want, rtol=1e-12, atol=1e-12)
+
+
+def test_lazily_negated_input(gen):
+    x = randn(gen, 4, 8)
+    neg = torch._neg_view(x)
+    assert neg.is_neg()
+    torch.testing.assert_close(lt.layer_norm(neg, 8), F.layer_norm(-x, (8,)))
 
 
 # --- custom operators and torch.compile ----------------------------------------------
@@ -324,6 +333,8 @@ def test_replace_norms_keeps_dtype_device_and_mode():
     (lambda x, w: lt.layer_norm(x.numpy(), 8), TypeError, "input"),
     (lambda x, w: lt.layer_norm(x.int(), 8), TypeError, "input"),
     (lambda x, w: lt.layer_norm(x, 8, eps=-1.0), ValueError, "eps"),
+    (lambda x, w: lt.layer_norm(x, 8, eps=float("inf")), ValueError, "eps"),
+    (lambda x, w: lt.rms_norm(x, 8, eps="1e-5"), TypeError, "eps"),
     (lambda x, w: lt.rms_norm(x, "8"), TypeError, "normalized_shape"),
     (lambda x, w: lt.add_layer_norm(x, x[:2], 8), ValueError, "residual"),
     (lambda x, w: lt.add_layer_norm(x, x.double(), 8), ValueError, "residual"),

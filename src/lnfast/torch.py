@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import lnfast
+from lnfast import _checks
 
 __all__ = ["LayerNorm", "RMSNorm", "add_layer_norm", "layer_norm", "replace_norms", "rms_norm"]
 
@@ -43,7 +44,7 @@ def _array(t):
     """t's data as a NumPy (CPU) or CuPy (CUDA) array, without a copy."""
     if t is None:
         return None
-    t = t.detach()
+    t = t.detach().resolve_neg()       # (a lazily negated view has no array of its own)
     bf16 = t.dtype == torch.bfloat16
     if bf16:
         t = t.view(torch.int16)
@@ -290,9 +291,15 @@ def _normalized(x, normalized_shape, params):
 
 
 def _eps(eps):
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise _ValueError(f"eps must be a float >= 0, got {eps!r}")
-    return float(eps)
+    """lnfast's check of eps, its exceptions as torch's too."""
+    if torch.compiler.is_compiling():
+        return eps      # (maybe a symbolic float: the kernels check it when they run)
+    try:
+        return _checks.eps(eps)
+    except TypeError as e:
+        raise _TypeError(str(e)) from None
+    except ValueError as e:
+        raise _ValueError(str(e)) from None
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
