@@ -82,15 +82,10 @@ def _axis(x, k):
     return -1 if k == 1 else tuple(range(x.dim() - k, x.dim()))
 
 
-def _stats_dtype(dtype):
+def _compute_dtype(dtype):
+    """_checks.compute_dtype for torch dtypes: the dtype of mean and rstd,
+    and of dweight and dbias without a weight."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _grads_dtype(x, weight):
-    """dweight/dbias' dtype (SPEC "Functions")."""
-    if weight is not None:
-        return weight.dtype
-    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
 
 
 # --- the two kernels ---------------------------------------------------------
@@ -114,7 +109,7 @@ def _norm(x, residual, weight, bias, k, eps, centered, stats=True):
             y, mean, rstd = lnfast.layer_norm_forward(xa, wa, _array(bias), eps=eps, axis=ax)
             return _tensor(y), x.new_empty(0), _tensor(mean), _tensor(rstd)
         y, rstd = lnfast.rms_norm_forward(xa, wa, eps=eps, axis=ax)
-        return (_tensor(y), x.new_empty(0), x.new_empty(0, dtype=_stats_dtype(x.dtype)),
+        return (_tensor(y), x.new_empty(0), x.new_empty(0, dtype=_compute_dtype(x.dtype)),
                 _tensor(rstd))
 
     return _on_stream(x, run)
@@ -135,7 +130,7 @@ def _norm_backward(dy, x, mean, rstd, weight, dz, k, centered):
                                                     axis=ax)
         else:
             dx, dw = lnfast.rms_norm_backward(dya, xa, _array(rstd), wa, axis=ax)
-            return _tensor(dx), _tensor(dw), x.new_empty(0, dtype=_grads_dtype(x, weight))
+            return _tensor(dx), _tensor(dw), x.new_empty(0, dtype=_compute_dtype(x.dtype) if weight is None else weight.dtype)
         return _tensor(dx), _tensor(dw), _tensor(db)
 
     return _on_stream(x, run)
@@ -153,7 +148,7 @@ def _norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional
 @_norm_op.register_fake
 def _(x, residual, weight, bias, k, eps, centered):
     lead = x.shape[:x.dim() - k]
-    stats = _stats_dtype(x.dtype)
+    stats = _compute_dtype(x.dtype)
     y = x.new_empty(x.shape)
     z = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
     mean = x.new_empty(lead, dtype=stats) if centered else x.new_empty(0, dtype=stats)
@@ -170,7 +165,7 @@ def _norm_backward_op(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rst
 @_norm_backward_op.register_fake
 def _(dy, x, mean, rstd, weight, dz, k, centered):
     norm = x.shape[x.dim() - k:]
-    grads = _grads_dtype(x, weight)
+    grads = _compute_dtype(x.dtype) if weight is None else weight.dtype
     db = x.new_empty(norm, dtype=grads) if centered else x.new_empty(0, dtype=grads)
     return x.new_empty(x.shape), x.new_empty(norm, dtype=grads), db
 

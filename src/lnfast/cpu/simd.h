@@ -89,10 +89,12 @@ static inline void lnf_stream_fence(void)
 
 #if defined(__GNUC__)
 #define LNF_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#define LNF_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)
 #define LNF_PREFETCHW(p) __builtin_prefetch((p), 1, 3)
 #define LNF_INLINE static inline __attribute__((always_inline))
 #else
 #define LNF_PREFETCH(p) ((void)(p))
+#define LNF_PREFETCH_L2(p) ((void)(p))
 #define LNF_PREFETCHW(p) ((void)(p))
 #define LNF_INLINE static inline
 #endif

@@ -33,15 +33,15 @@
 /* Column i of a tile at p. */
 #define TCOL(p, i) ((LNF_S *)(void *)((char *)(p) + (i) * inner))
 #define TILE_BLOCKS (LNF_BLOCK * LNF_SUPER)     /* columns per widened group */
-/* The lines of a column LNF_TILE_AHEAD tiles ahead (TILE_AHEAD bytes),
- * asked for into the L2 (locality 1): the L1 would evict them again
- * before their tile comes where the columns share few sets. */
-#define TILE_AHEAD ((ptrdiff_t)(LNF_TILE_AHEAD * LNF_TILE * sizeof(LNF_S)))
-#define TILE_PREFETCH(p)                                                          \
+/* fetch(line) for each line of column p LNF_TILE_AHEAD tiles ahead.  The
+ * inputs' lines go into the L2 (TILE_PREFETCH): the L1 would evict them
+ * again before their tile comes where the columns share few sets. */
+#define TILE_AHEAD(p, fetch)                                                      \
     do {                                                                          \
         for (ptrdiff_t o_ = 0; o_ < LNF_TILE * (ptrdiff_t)sizeof(LNF_S); o_ += 64) \
-            __builtin_prefetch((const char *)(p) + TILE_AHEAD + o_, 0, 1);        \
+            fetch((char *)(p) + LNF_TILE_AHEAD * LNF_TILE * sizeof(LNF_S) + o_);  \
     } while (0)
+#define TILE_PREFETCH(p) TILE_AHEAD(p, LNF_PREFETCH_L2)
 
 /* tile_v: LNF_TILE lanes of LNF_T, as TILE_W pieces of tile_e (vectors
  * of the unit's width, or single values in plain C); tile_d: LNF_TILE
@@ -170,8 +170,7 @@ LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
     }
 #endif
     (void)nt;
-    for (ptrdiff_t o = 0; o < LNF_TILE * (ptrdiff_t)sizeof(LNF_S); o += 64)
-        LNF_PREFETCHW((char *)p + TILE_AHEAD + o);
+    TILE_AHEAD(p, LNF_PREFETCHW);
     tv_store(p, t);
 }
 
