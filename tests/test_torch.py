@@ -202,6 +202,40 @@ def test_opcheck(gen):
                                      w.detach(), dz, 2, centered))
 
 
+def test_opcheck_bfloat16_strided_float32_weight(gen):
+    # a transposed bfloat16 input with float32 parameters (mixed precision)
+    x = randn(gen, 8, 5, dtype=torch.bfloat16).t().requires_grad_()
+    r = randn(gen, 5, 8, dtype=torch.bfloat16, grad=True)
+    w, b = (randn(gen, 8, dtype=torch.float32, grad=True) for _ in range(2))
+    assert not x.is_contiguous()
+    norm = torch.ops.lnfast.norm.default
+    for args in [(x, None, w, b, 1, 1e-5, True), (x, r, w, b, 1, 1e-5, True),
+                 (x, None, w, None, 1, 1e-6, False)]:
+        torch.library.opcheck(norm, args)
+    y, _, mean, rstd = norm(x, None, w, b, 1, 1e-5, True)
+    dy = randn(gen, 8, 5, dtype=torch.bfloat16).t()
+    torch.library.opcheck(torch.ops.lnfast.norm_backward.default,
+                          (dy, x.detach(), mean.detach(), rstd.detach(), w.detach(), None, 1,
+                           True))
+
+
+def test_inplace_change_after_forward_is_an_error(gen):
+    # autograd's own check that a tensor saved for the backward was not
+    # changed in place meanwhile (the eager path keeps arrays over the
+    # saved tensors' memory: a change must not pass as a wrong gradient)
+    def saved(fn):
+        x = randn(gen, 4, 8, grad=True).clone()
+        y, src = fn(x)
+        with torch.no_grad():
+            src.mul_(2)
+        return y
+
+    for fn in (lambda x: (lt.layer_norm(x, 8), x), lambda x: (lt.rms_norm(x, 8), x),
+               lambda x: lt.add_layer_norm(x, x.detach(), 8)):     # the fused step saves z
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            saved(fn).sum().backward()
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compile_fullgraph(gen, backend, dynamic):

@@ -44,17 +44,17 @@ def _array(t):
     """t's data as a NumPy (CPU) or CuPy (CUDA) array, without a copy."""
     if t is None:
         return None
-    t = t.detach().resolve_neg()       # (a lazily negated view has no array of its own)
-    bf16 = t.dtype == torch.bfloat16
-    if bf16:
-        t = t.view(torch.int16)
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return _array(t.resolve_neg().view(torch.int16)).view(ml_dtypes.bfloat16)
     if t.is_cuda:
         import cupy
 
-        a = cupy.from_dlpack(t)
-    else:
-        a = t.numpy()
-    return a.view(ml_dtypes.bfloat16) if bf16 else a
+        return cupy.from_dlpack(t.resolve_neg())
+    try:
+        return t.numpy()
+    except RuntimeError:    # a lazily negated view has no array of its own
+        return t.resolve_neg().numpy()
 
 
 def _tensor(a):
@@ -66,20 +66,52 @@ def _tensor(a):
     return torch.from_dlpack(a)
 
 
-def _on_stream(x, fn):
-    """fn() with CuPy on PyTorch's current stream of x's device (CUDA)."""
+# --- the two kernels ---------------------------------------------------------
+# On arrays: the eager path keeps mean and rstd as arrays between forward and
+# backward; the custom operators convert them to tensors and back.
+
+def _axis(ndim, k):
+    """lnfast's axis for the last k of ndim axes (-1, the quickest call, for one)."""
+    return -1 if k == 1 else tuple(range(ndim - k, ndim))
+
+
+def _forward(xa, ra, wa, ba, k, eps, centered, stats=True):
+    """(y, z, mean, rstd) arrays over the last k axes; z None without a
+    residual ra, mean None for RMSNorm; without `stats`, (y, None) alone."""
+    ax = _axis(xa.ndim, k)
+    if ra is not None:
+        return lnfast.add_layer_norm_forward(xa, ra, wa, ba, eps=eps, axis=ax)
+    if not stats:
+        if centered:
+            return lnfast.layer_norm(xa, wa, ba, eps=eps, axis=ax), None
+        return lnfast.rms_norm(xa, wa, eps=eps, axis=ax), None
+    if centered:
+        y, mean, rstd = lnfast.layer_norm_forward(xa, wa, ba, eps=eps, axis=ax)
+        return y, None, mean, rstd
+    y, rstd = lnfast.rms_norm_forward(xa, wa, eps=eps, axis=ax)
+    return y, None, None, rstd
+
+
+def _backward(dya, xa, mean, rstd, wa, dza, k, centered):
+    """(dx, dweight, dbias) arrays over the last k axes; xa is z for the
+    fused step (dza then its gradient); dbias None for RMSNorm."""
+    ax = _axis(xa.ndim, k)
+    if dza is not None:
+        return lnfast.add_layer_norm_backward(dya, xa, mean, rstd, wa, dz=dza, axis=ax)
+    if centered:
+        return lnfast.layer_norm_backward(dya, xa, mean, rstd, wa, axis=ax)
+    return (*lnfast.rms_norm_backward(dya, xa, rstd, wa, axis=ax), None)
+
+
+def _on_stream(x, fn, *args):
+    """fn(*args), with CuPy on PyTorch's current stream of x's device (CUDA)."""
     if not x.is_cuda:
-        return fn()
+        return fn(*args)
     import cupy
 
     with cupy.cuda.Device(x.device.index), \
             cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream):
-        return fn()
-
-
-def _axis(x, k):
-    """lnfast's axis for x's last k axes (-1, the quickest call, for one)."""
-    return -1 if k == 1 else tuple(range(x.dim() - k, x.dim()))
+        return fn(*args)
 
 
 def _compute_dtype(dtype):
@@ -88,52 +120,8 @@ def _compute_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# --- the two kernels ---------------------------------------------------------
-
-def _norm(x, residual, weight, bias, k, eps, centered, stats=True):
-    """(y, z, mean, rstd) over x's last k axes; z and (RMSNorm) mean empty
-    where not computed, and without `stats`, (y, z) alone."""
-    ax = _axis(x, k)
-
-    def run():
-        xa, wa = _array(x), _array(weight)
-        if not stats and residual is None:
-            if centered:
-                return _tensor(lnfast.layer_norm(xa, wa, _array(bias), eps=eps, axis=ax)), None
-            return _tensor(lnfast.rms_norm(xa, wa, eps=eps, axis=ax)), None
-        if residual is not None:
-            y, z, mean, rstd = lnfast.add_layer_norm_forward(
-                xa, _array(residual), wa, _array(bias), eps=eps, axis=ax)
-            return _tensor(y), _tensor(z), _tensor(mean), _tensor(rstd)
-        if centered:
-            y, mean, rstd = lnfast.layer_norm_forward(xa, wa, _array(bias), eps=eps, axis=ax)
-            return _tensor(y), x.new_empty(0), _tensor(mean), _tensor(rstd)
-        y, rstd = lnfast.rms_norm_forward(xa, wa, eps=eps, axis=ax)
-        return (_tensor(y), x.new_empty(0), x.new_empty(0, dtype=_compute_dtype(x.dtype)),
-                _tensor(rstd))
-
-    return _on_stream(x, run)
-
-
-def _norm_backward(dy, x, mean, rstd, weight, dz, k, centered):
-    """(dx, dweight, dbias) over the last k axes; x is z for the fused step
-    (dz then its gradient); dbias empty for RMSNorm."""
-    ax = _axis(x, k)
-
-    def run():
-        dya, xa, wa = _array(dy), _array(x), _array(weight)
-        if dz is not None:
-            dx, dw, db = lnfast.add_layer_norm_backward(dya, xa, _array(mean), _array(rstd), wa,
-                                                        dz=_array(dz), axis=ax)
-        elif centered:
-            dx, dw, db = lnfast.layer_norm_backward(dya, xa, _array(mean), _array(rstd), wa,
-                                                    axis=ax)
-        else:
-            dx, dw = lnfast.rms_norm_backward(dya, xa, _array(rstd), wa, axis=ax)
-            return _tensor(dx), _tensor(dw), x.new_empty(0, dtype=_compute_dtype(x.dtype) if weight is None else weight.dtype)
-        return _tensor(dx), _tensor(dw), _tensor(db)
-
-    return _on_stream(x, run)
+def _or_empty(a, like, dtype):
+    return like.new_empty(0, dtype=dtype) if a is None else _tensor(a)
 
 
 # --- custom operators, for torch.compile ------------------------------------
@@ -142,7 +130,10 @@ def _norm_backward(dy, x, mean, rstd, weight, dz, k, centered):
 def _norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
              bias: Optional[torch.Tensor], k: int, eps: float,
              centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _norm(x, residual, weight, bias, k, eps, centered)
+    y, z, mean, rstd = _on_stream(x, _forward, _array(x), _array(residual), _array(weight),
+                                  _array(bias), k, eps, centered)
+    stats = _compute_dtype(x.dtype)
+    return (_tensor(y), _or_empty(z, x, x.dtype), _or_empty(mean, x, stats), _tensor(rstd))
 
 
 @_norm_op.register_fake
@@ -159,7 +150,11 @@ def _(x, residual, weight, bias, k, eps, centered):
 def _norm_backward_op(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                       weight: Optional[torch.Tensor], dz: Optional[torch.Tensor], k: int,
                       centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _norm_backward(dy, x, mean, rstd, weight, dz, k, centered)
+    dx, dw, db = _on_stream(x, _backward, _array(dy), _array(x),
+                            _array(mean) if centered else None, _array(rstd), _array(weight),
+                            _array(dz), k, centered)
+    dw = _tensor(dw)
+    return _tensor(dx), dw, _or_empty(db, x, dw.dtype)
 
 
 @_norm_backward_op.register_fake
@@ -174,35 +169,42 @@ def _dense(t):
     return t.contiguous() if 0 in t.stride() and t.numel() > 1 else t
 
 
-def _save(ctx, x, residual, weight, bias, k, centered, z, mean, rstd):
-    ctx.save_for_backward(z if residual is not None else x, mean, rstd, weight)
-    ctx.k, ctx.centered = k, centered
-    ctx.fused, ctx.has_bias = residual is not None, bias is not None
-
-
-def _grads(ctx, dy, dz, backward):
-    """The inputs' gradients (x, residual, weight, bias) from dy and dz."""
-    src, mean, rstd, weight = ctx.saved_tensors
+def _incoming(src, dy, dz, fused):
+    """The gradients reaching y and z, dense; zeros for one not used."""
     # (the gradient of a sum arrives expanded, every stride 0: the kernels
     # read such rows one element at a time, slower than a copy first)
     dy = torch.zeros_like(src) if dy is None else _dense(dy)
-    if ctx.fused:
+    if fused:
         dz = torch.zeros_like(src) if dz is None else _dense(dz)
-    dx, dw, db = backward(dy, src, mean, rstd, weight, dz if ctx.fused else None, ctx.k,
-                          ctx.centered)
+    return dy, dz if fused else None
+
+
+def _needed(ctx, dx, dw, db):
+    """The inputs' gradients (x, residual, weight, bias, and None for k,
+    eps, centered) that autograd asked for."""
     needs = ctx.needs_input_grad
     return (dx if needs[0] else None, dx if ctx.fused and needs[1] else None,
-            dw if weight is not None and needs[2] else None,
-            db if ctx.has_bias and needs[3] else None)
+            dw if ctx.has_weight and needs[2] else None,
+            db if ctx.has_bias and needs[3] else None, None, None, None)
+
+
+def _remember(ctx, residual, weight, bias, k, centered):
+    ctx.k, ctx.centered = k, centered
+    ctx.fused, ctx.has_weight, ctx.has_bias = (residual is not None, weight is not None,
+                                               bias is not None)
 
 
 def _setup_context(ctx, inputs, output):
     x, residual, weight, bias, k, eps, centered = inputs
-    _save(ctx, x, residual, weight, bias, k, centered, output[1], output[2], output[3])
+    _remember(ctx, residual, weight, bias, k, centered)
+    ctx.save_for_backward(output[1] if residual is not None else x, output[2], output[3], weight)
 
 
 def _op_backward(ctx, dy, dz, dmean, drstd):
-    return (*_grads(ctx, dy, dz, _norm_backward_op), None, None, None)
+    src, mean, rstd, weight = ctx.saved_tensors
+    dy, dz = _incoming(src, dy, dz, ctx.fused)
+    return _needed(ctx, *_norm_backward_op(dy, src, mean, rstd, weight, dz, ctx.k,
+                                           ctx.centered))
 
 
 _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -211,21 +213,42 @@ _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
 # --- the eager path ------------------------------------------------------------
 
 class _Norm(torch.autograd.Function):
-    """What _norm_op does, without the custom operators' dispatch."""
+    """What _norm_op does, without the custom operators' dispatch; mean and
+    rstd stay arrays, and the arrays of x (or z) and weight are kept for the
+    backward (the tensors are saved too, for autograd's check that they
+    were not changed in place meanwhile)."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, k, eps, centered):
-        y, z, mean, rstd = _norm(x, residual, weight, bias, k, eps, centered)
-        _save(ctx, x, residual, weight, bias, k, centered, z, mean, rstd)
-        return y, (z if residual is not None else None)
+        xa, wa = _array(x), _array(weight)
+        y, z, mean, rstd = _on_stream(x, _forward, xa, _array(residual), wa, _array(bias), k,
+                                      eps, centered)
+        _remember(ctx, residual, weight, bias, k, centered)
+        if residual is not None:
+            zt = _tensor(z)
+            ctx.save_for_backward(zt, weight)
+            ctx.arrays = (z, wa, mean, rstd)
+            return _tensor(y), zt
+        ctx.save_for_backward(x, weight)
+        ctx.arrays = (xa, wa, mean, rstd)
+        return _tensor(y), None
 
     @staticmethod
     def backward(ctx, dy, dz):
-        # With create_graph, through the operator, which has no derivative:
-        # differentiating its result again is PyTorch's error naming it,
-        # not a silent zero.
-        kernel = _norm_backward_op if torch.is_grad_enabled() else _norm_backward
-        return (*_grads(ctx, dy, dz, kernel), None, None, None)
+        src, weight = ctx.saved_tensors
+        dy, dz = _incoming(src, dy, dz, ctx.fused)
+        srca, wa, mean, rstd = ctx.arrays
+        if torch.is_grad_enabled():
+            # With create_graph, through the operator, which has no
+            # derivative: differentiating its result again is PyTorch's
+            # error naming it, not a silent zero.
+            stats = _compute_dtype(src.dtype)
+            return _needed(ctx, *_norm_backward_op(
+                dy, src, _or_empty(mean, src, stats), _tensor(rstd), weight, dz, ctx.k,
+                ctx.centered))
+        dx, dw, db = _on_stream(src, _backward, _array(dy), srca, mean, rstd, wa, _array(dz),
+                                ctx.k, ctx.centered)
+        return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
 
 def _apply(x, residual, weight, bias, k, eps, centered):
@@ -234,10 +257,14 @@ def _apply(x, residual, weight, bias, k, eps, centered):
     if torch.compiler.is_compiling():
         y, z, _, _ = _norm_op(x, residual, weight, bias, k, eps, centered)
         return y, z
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (x, residual, weight, bias)):
+    if torch.is_grad_enabled() and (
+            x.requires_grad or (residual is not None and residual.requires_grad)
+            or (weight is not None and weight.requires_grad)
+            or (bias is not None and bias.requires_grad)):
         return _Norm.apply(x, residual, weight, bias, k, eps, centered)
-    return _norm(x, residual, weight, bias, k, eps, centered, stats=False)[:2]
+    y, z = _on_stream(x, _forward, _array(x), _array(residual), _array(weight), _array(bias), k,
+                      eps, centered, False)[:2]
+    return _tensor(y), None if z is None else _tensor(z)
 
 
 # --- the functions -------------------------------------------------------------
@@ -250,6 +277,8 @@ def _normalized(x, normalized_shape, params):
         raise _TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
     if type(normalized_shape) is int:
         shape = (normalized_shape,)
+    elif type(normalized_shape) is tuple and all(type(n) is int for n in normalized_shape):
+        shape = normalized_shape        # (the modules' own, checked quickest)
     else:
         try:
             if isinstance(normalized_shape, (str, bytes)):
@@ -259,16 +288,17 @@ def _normalized(x, normalized_shape, params):
             raise _TypeError(f"normalized_shape must be an int or a sequence of ints, "
                              f"got {normalized_shape!r}") from None
     k = len(shape)
-    if k == 0 or x.dim() < k or x.shape[x.dim() - k:] != shape:
+    xshape = x.shape
+    if k == 0 or len(xshape) < k or xshape[len(xshape) - k:] != shape:
         raise _ValueError(f"normalized_shape={list(shape)} must be the last axes of input, "
-                          f"got input of shape {list(x.shape)}")
+                          f"got input of shape {list(xshape)}")
     if 0 in shape:
         raise _ValueError(f"normalized_shape must not be empty (D >= 1), got {list(shape)}")
-    dtype, device = x.dtype, x.device
+    dtype, cuda = x.dtype, x.is_cuda
     if dtype not in _DTYPES:
         raise _TypeError(f"input must be float32, float64, float16 or bfloat16, got {dtype}")
-    if device.type != "cpu" and device.type != "cuda":
-        raise _TypeError(f"input must be on the CPU or a CUDA device, got {device}")
+    if not (cuda or x.is_cpu):
+        raise _TypeError(f"input must be on the CPU or a CUDA device, got {x.device}")
     for name, p in params:
         if p is None:
             continue
@@ -280,8 +310,8 @@ def _normalized(x, normalized_shape, params):
         if p.shape != shape:
             raise _ValueError(f"{name} must have shape {list(shape)} (normalized_shape), "
                               f"got {list(p.shape)}")
-        if p.device != device:
-            raise _ValueError(f"{name} must be on input's device ({device}), got {p.device}")
+        if p.is_cuda != cuda or (cuda and p.device != x.device):
+            raise _ValueError(f"{name} must be on input's device ({x.device}), got {p.device}")
     return k
 
 
