@@ -63,7 +63,10 @@ def _target(L, dest):
 def forward(kernels, x, residual, weight, bias, eps, out, centered, stats, axis):
     """kernels.forward over `axis`: (y, z, mean, rstd) as SPEC "Axes" says.
     The kernels write a C-ordered y (out= itself when it is one), so that
-    out= never changes a result's bits."""
+    out= never changes a result's bits.  (Dask's backend takes `axis`
+    itself: each block goes through here.)"""
+    if getattr(kernels, "takes_axis", False):
+        return kernels.forward(x, residual, weight, bias, eps, out, centered, stats, axis=axis)
     ax, _ = _checks.rows("x", x, axis)
     if ax == (x.ndim - 1,):
         return kernels.forward(x, residual, weight, bias, eps, out, centered, stats)
@@ -86,18 +89,21 @@ def forward(kernels, x, residual, weight, bias, eps, out, centered, stats, axis)
     return y, z, mean, rstd
 
 
-def backward(kernels, dy, x, mean, rstd, weight, dz, centered, x_name, axis):
+def backward(kernels, dy, x, mean, rstd, weight, dz, centered, x_name, axis, partials=False):
     """kernels.backward over `axis`: (dx, dweight, dbias), the gradients of
-    the normalized axes' shape."""
+    the normalized axes' shape (float64 and unrounded with `partials`)."""
+    if getattr(kernels, "takes_axis", False):
+        return kernels.backward(dy, x, mean, rstd, weight, dz, centered, x_name, axis=axis)
     ax, _ = _checks.rows(x_name, x, axis)
     if ax == (x.ndim - 1,):
-        return kernels.backward(dy, x, mean, rstd, weight, dz, centered, x_name)
+        return kernels.backward(dy, x, mean, rstd, weight, dz, centered, x_name,
+                                partials=partials)
     _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name, ax)
     L = _Layout(x.shape, ax)
     dx = kernels.empty(x.shape, x.dtype)
     dx_rows = _target(L, dx)
     dxr, dw, db = kernels.backward(L.rows(dy), L.rows(x), mean, rstd, L.vector(weight),
-                                   L.rows(dz), centered, x_name, dx_rows)
+                                   L.rows(dz), centered, x_name, dx_rows, partials)
     if dx_rows is None:
         L.unrows(dxr, dx)
     return dx, dw.reshape(L.norm), db.reshape(L.norm)

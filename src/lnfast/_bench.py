@@ -56,6 +56,13 @@ def add_arguments(p):
                    help="lnfast.torch's modules against torch.nn's (eager forward + backward, "
                         "default shapes 8192x1024 256x1024 32x768 1x768) and a transformer "
                         "block's training step, instead")
+    p.add_argument("--dask", action="store_true",
+                   help="LayerNorm on Dask arrays against the whole NumPy array, instead")
+    p.add_argument("--dask-gib", type=float, default=0, metavar="GIB",
+                   help="with --dask: also an out-of-core run over GIB GiB generated lazily")
+    p.add_argument("--dask-cluster", type=_positive, default=0, metavar="N",
+                   help="with --dask-gib: the out-of-core run again on a LocalCluster of N "
+                        "worker processes")
     p.add_argument("--gpu", action="store_true",
                    help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
 
@@ -264,6 +271,11 @@ def run(args):
         results = _bench_torch.run(args, torch, threads)
         _cpu.simd_path("best")
         _write_json(args.json, threads, torch, sweeps, results)
+        return 0
+    if args.dask:
+        from lnfast import _bench_dask
+
+        _write_json(args.json, threads, torch, sweeps, _bench_dask.run(args, threads))
         return 0
     if args.axes:
         from lnfast import _bench_axes

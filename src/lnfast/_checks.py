@@ -7,6 +7,7 @@ or value (SPEC "Bad input").
 """
 import math
 import numbers
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -23,12 +24,18 @@ def is_cupy(a):
     return t is not np.ndarray and t.__name__ == "ndarray" and t.__module__.startswith("cupy")
 
 
+def is_dask(a):
+    """A Dask array, recognised without importing Dask."""
+    mod = sys.modules.get("dask.array")
+    return mod is not None and isinstance(a, mod.Array)
+
+
 def array(name, a):
     if type(a) is np.ndarray:           # the common case, decided quickly
         return a
-    if not (isinstance(a, np.ndarray) or is_cupy(a)):
-        raise TypeError(
-            f"{name} must be a numpy.ndarray or cupy.ndarray, got {type(a).__name__}")
+    if not (isinstance(a, np.ndarray) or is_cupy(a) or is_dask(a)):
+        raise TypeError(f"{name} must be a numpy.ndarray, cupy.ndarray or dask.array.Array, "
+                        f"got {type(a).__name__}")
     if type(a) is not np.ndarray and isinstance(a, np.ma.MaskedArray):
         raise TypeError(f"{name} must not be a masked array (its mask would be ignored); "
                         "pass a.filled(value) or a.data")

@@ -2,10 +2,11 @@
 """Backend choice by array type, shared by every public function.
 
 NumPy arrays run on the CPU kernels (lnfast._kernels), CuPy arrays on the
-CUDA kernels (lnfast._gpu, which imports CuPy on first use).  Both backends
-take the same arguments and check them (lnfast._checks) themselves; this
-only looks at the arrays' types, so that a bad argument is still worded by
-the checks.
+CUDA kernels (lnfast._gpu, which imports CuPy on first use), Dask arrays
+through lnfast._dask (which imports Dask; its blocks come back here).  The
+backends take the same arguments and check them (lnfast._checks)
+themselves; this only looks at the arrays' types, so that a bad argument
+is still worded by the checks.
 """
 cimport numpy as cnp
 
@@ -13,7 +14,9 @@ from lnfast import _checks, _kernels
 
 
 def _kind(a):
-    return "cupy.ndarray" if _checks.is_cupy(a) else "numpy.ndarray"
+    if _checks.is_cupy(a):
+        return "cupy.ndarray"
+    return "dask.array.Array" if _checks.is_dask(a) else "numpy.ndarray"
 
 
 def backend(str names, x, *others):
@@ -29,6 +32,10 @@ def backend(str names, x, *others):
             return _kernels             # the common case, decided quickly
     x_name, *other_names = names.split()
     kind = _kind(x)
+    if kind == "dask.array.Array":      # (which checks the others' kinds)
+        from lnfast import _dask
+
+        return _dask
     for name, a in zip(other_names, others):
         if a is not None and _kind(a) != kind:
             raise TypeError(

@@ -199,10 +199,10 @@ def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None):
     return y, z, mean, rstd
 
 
-def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None):
+def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None, partials=False):
     _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name)
     with x.device:
-        dx, dw, db = _backward(dy, x, mean, rstd, weight, centered, dz)
+        dx, dw, db = _backward(dy, x, mean, rstd, weight, centered, dz, partials)
     if dx_out is not None:
         dx_out[...] = dx
         dx = dx_out
@@ -252,12 +252,14 @@ def _forward(x, weight, bias, eps, centered, residual, out, with_mean, with_rstd
     return y, z, mean, rstd
 
 
-def _backward(dy, x, mean, rstd, weight, centered, dz):
+def _backward(dy, x, mean, rstd, weight, centered, dz, partials=False):
+    """(dx, dweight, dbias); with `partials`, dweight and dbias are the
+    float64 sums, unrounded (as lnfast._kernels.backward's)."""
     cp = _cupy()
     dtype, D, lead = x.dtype, x.shape[-1], x.shape[:-1]
     compute = compute_dtype(dtype)
     M = math.prod(lead)
-    grad_dtype = compute if weight is None else weight.dtype
+    grad_dtype = np.dtype(np.float64) if partials else compute if weight is None else weight.dtype
     dx = cp.empty(x.shape, dtype)
     if M == 0:
         return dx, cp.zeros(D, grad_dtype), cp.zeros(D, grad_dtype)

@@ -90,12 +90,14 @@ def forward(x, residual, weight, bias, eps, out, bint centered, bint stats, z_ou
     return y, z, mean, rstd
 
 
-def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x", dx_out=None):
+def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x", dx_out=None,
+             bint partials=False):
     """The gradients of forward's y (with stats) for the rows of x: (dx
     [+ dz], dweight, dbias), dweight and dbias summed over every row in the
     weight's dtype (the compute dtype when weight is None); dbias zero
     unless centered.  x_name: x's name in error messages.  dx is dx_out
-    when given (as z_out in forward)."""
+    when given (as z_out in forward).  With `partials`, dweight and dbias
+    are the float64 sums, unrounded (lnfast._dask adds those of blocks)."""
     cdef int t, ct, gt
     cdef cnp.ndarray xa
     cdef bint ordinary = ordinary_rows(x, &t, &ct)
@@ -108,7 +110,8 @@ def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x", dx_ou
     if not ordinary:
         _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name)
         t, ct = x.dtype.num, compute_typenum(x.dtype.num)
-    gt = ct if weight is None else cnp.PyArray_TYPE(<cnp.ndarray>weight)   # (dweight's dtype)
+    gt = (cnp.NPY_FLOAT64 if partials else
+          ct if weight is None else cnp.PyArray_TYPE(<cnp.ndarray>weight))   # (dweight's dtype)
     if not ordinary:
         dy, xa, dz = kernel_view(dy), kernel_view(x), kernel_view(dz)
         mean, rstd = as_stats(mean, ct) if centered else None, as_stats(rstd, ct)

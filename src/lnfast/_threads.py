@@ -1,13 +1,18 @@
 """Thread count for the CPU kernels, resolved in one place.
 
 Order: lnfast.set_num_threads(n), else the LNFAST_NUM_THREADS environment
-variable, else OpenMP's current default (which threadpoolctl can limit).
+variable, else the calling thread's task default (one thread in a Dask
+task, see task_threads), else OpenMP's current default (which threadpoolctl
+can limit).
 In a process forked after lnfast was imported the count is 1: GNU OpenMP's
 thread pool does not survive fork, a threaded call would hang, and whether
 the parent (or any other library in it) started that pool cannot be asked.
 """
+import contextlib
+import multiprocessing
 import operator
 import os
+import threading
 
 from lnfast import _cpu
 
@@ -64,8 +69,29 @@ def get_num_threads():
         return 1
     if _requested is not None:
         return _requested
-    n = _env_threads()
+    n = _env_threads() or getattr(_task, "threads", None)
     return n if n else min(_cpu.omp_max_threads(), _MAX_THREADS)
+
+
+_task = threading.local()
+
+
+@contextlib.contextmanager
+def task_threads():
+    """Within: one thread for the calling thread's calls (unless the user
+    chose a count), where they run as one of several tasks side by side:
+    on a thread other than the main one (Dask's threaded scheduler, a
+    dask.distributed worker's threads) or in a child process (Dask's
+    processes scheduler).  Tasks on the main thread of the main process
+    (Dask's synchronous scheduler) run alone and keep the default."""
+    alone = (threading.current_thread() is threading.main_thread()
+             and multiprocessing.parent_process() is None)
+    old = getattr(_task, "threads", None)
+    _task.threads = old if alone else 1
+    try:
+        yield
+    finally:
+        _task.threads = old
 
 
 _env_parsed = (None, None)     # (the variable's value, its count): one object, thread-safe

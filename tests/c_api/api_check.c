@@ -2,7 +2,9 @@
  * without Python: LayerNorm with a residual and RMSNorm, forward and
  * backward, for every storage type, on every instruction set this CPU
  * has (lnf_select).  Exits 1 when two instruction sets give different
- * bytes.  With a file name, writes the inputs and the outputs there, for
+ * bytes, or when the unrounded float64 dweight/dbias (dwdb_dtype
+ * LNF_FLOAT64, what lnfast's Dask backend sums over blocks) do not round
+ * to the bytes of the call that rounds them itself.  With a file name, writes the inputs and the outputs there, for
  * tests/test_c_api.py to compare with the Python functions:
  *   per dtype: x, r, w, b, then y, z, mean, rstd, dx, dwdb (LayerNorm),
  *   then y, rstd, dx, dwdb (RMSNorm); raw, C order.
@@ -55,6 +57,38 @@ static lnf_array vector(void *p, int t)
     return a;
 }
 
+/* The backward `ba` again with float64 dwdb, rounded here to its own
+ * dwdb_dtype and to t: the same bytes as the kernel's own rounding. */
+static int unrounded_sums_round_alike(const lnf_backward_args *ba, int t, const char *name)
+{
+    lnf_backward_args a = *ba;
+    double *sums = malloc(2 * D * sizeof(double));
+    char *dx = malloc((size_t)M * D * itemsize(t)), *own = malloc(2 * D * sizeof(double));
+    int bad = 0;
+    a.dx = rows(dx, t, M, D);
+    a.dwdb = sums, a.dwdb_dtype = LNF_FLOAT64;
+    if (lnf_backward(&a) != LNF_OK)
+        exit(2);
+    for (int k = 0; k < 2 * D; k++) {
+        if (ba->dwdb_dtype == LNF_FLOAT32)
+            bad |= (float)sums[k] != ((const float *)ba->dwdb)[k];
+        else if (ba->dwdb_dtype == LNF_FLOAT64)
+            bad |= memcmp(&sums[k], (const double *)ba->dwdb + k, sizeof(double)) != 0;
+    }
+    if (t == LNF_FLOAT16 || t == LNF_BFLOAT16) {     /* 16-bit dwdb, rounded by the kernel */
+        unsigned short mine[2 * D];
+        a.dwdb = own, a.dwdb_dtype = t;
+        if (lnf_backward(&a) != LNF_OK)
+            exit(2);
+        lnf_round_to_16bit(sums, mine, 2 * D, t == LNF_BFLOAT16);
+        bad |= memcmp(mine, own, sizeof(mine)) != 0;
+    }
+    if (bad)
+        printf("%s: float64 dwdb rounds to other bytes\n", name);
+    free(sums), free(dx), free(own);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     FILE *f = argc > 1 ? fopen(argv[1], "wb") : NULL;
@@ -100,6 +134,7 @@ int main(int argc, char **argv)
             ba.has_dz = 1, ba.centered = 1, ba.nthreads = 2;
             if (lnf_forward(&fa) != LNF_OK || lnf_backward(&ba) != LNF_OK)
                 return 2;
+            bad |= unrounded_sums_round_alike(&ba, t, names[k]);
             /* RMSNorm of x: no residual, no bias, no mean */
             fa.has_residual = 0, fa.centered = 0;
             fa.y = rows(out[p][6], t, M, D);

@@ -317,3 +317,32 @@ def test_any_axis_matches_cpu(rng, shape, axis):
                                atol=1e-5)
     with pytest.raises(ValueError, match="axis"):
         lnfast.layer_norm(gx, axis=(1, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dask_arrays_of_cupy_blocks(rng, dtype):
+    # Dask arrays whose blocks are CuPy arrays reach the CUDA kernels;
+    # rows are the same bits as the call on the whole CuPy array.  (The
+    # synchronous scheduler: the CPU emulation runs one launch at a time.)
+    da = pytest.importorskip("dask.array")
+    import dask
+
+    x, w, b = make(rng, (40, 64), dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    gx, gw, gb, gdy = gpu(x, w, b, dy)
+    X = da.from_array(gx, chunks=(16, 64), asarray=False)
+    DY = da.from_array(gdy, chunks=(16, 64), asarray=False)
+    y, mean, rstd = lnfast.layer_norm_forward(X, gw, gb)
+    assert isinstance(y._meta, cp.ndarray)
+    with dask.config.set(scheduler="sync"):
+        got = dask.compute(y, mean, rstd)
+        check_device_results(*got)
+        for g, want in zip(got, lnfast.layer_norm_forward(gx, gw, gb)):
+            assert cp.array_equal(g, want)
+        dx, dw, db = dask.compute(*lnfast.layer_norm_backward(DY, X, mean, rstd, gw))
+        check_device_results(dx, dw, db)
+        assert cp.array_equal(dx, lnfast.layer_norm_backward(gdy, gx, got[1], got[2], gw)[0])
+        _, rmean, rrstd = ref.layer_norm_forward(x, w, b)
+        rdx, rdw, rdb = ref.layer_norm_backward(dy, x, rmean, rrstd, w)
+        for g, want in zip(host(dw, db), (rdw, rdb)):
+            assert ref.rel_error(g, want) <= BACKWARD_TOL[dtype]

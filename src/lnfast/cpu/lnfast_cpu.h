@@ -73,7 +73,10 @@ int lnf_forward(const lnf_forward_args *a);
  * [dweight, dbias] into dwdb, C-contiguous (2, D) of dwdb_dtype (dbias
  * zero unless centered): summed in float64 over `nchunks` fixed chunks of
  * rows (0: lnf_num_chunks), each in row order, then the chunks in order,
- * rounded once.  mean (unread unless centered) and rstd: M contiguous
+ * rounded once (dwdb_dtype LNF_FLOAT64, whatever the weight's type: the
+ * float64 sums themselves, which rounded to the weight's type give that
+ * call's bytes; lnfast's Dask backend adds those of its blocks).  mean
+ * (unread unless centered) and rstd: M contiguous
  * values of the compute type, as the forward pass stored them.  weight as
  * in lnf_forward (weight_len D). */
 typedef struct lnf_backward_args {

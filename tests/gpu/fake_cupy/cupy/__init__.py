@@ -49,6 +49,9 @@ class ndarray(np.ndarray):
     def device(self):
         return Device(0)
 
+    def get(self):
+        return np.array(self.view(np.ndarray))
+
 
 def _dev(a):
     return a.view(ndarray)
@@ -66,6 +69,23 @@ def asnumpy(a):
 
 def ascontiguousarray(a, dtype=None):
     return _dev(np.ascontiguousarray(a.view(np.ndarray), dtype=dtype))
+
+
+def stack(arrays, axis=0):
+    return _dev(np.stack([a.view(np.ndarray) for a in arrays], axis))
+
+
+def concatenate(arrays, axis=0):
+    return _dev(np.concatenate([a.view(np.ndarray) for a in arrays], axis))
+
+
+# (what Dask registers for CuPy arrays when it first meets one)
+def take(a, indices, axis=None):
+    return _dev(np.take(a.view(np.ndarray), indices, axis))
+
+
+def tensordot(a, b, axes=2):
+    return _dev(np.tensordot(a.view(np.ndarray), b.view(np.ndarray), axes))
 
 
 def empty(shape, dtype=float):

@@ -1,0 +1,139 @@
+"""`python -m lnfast bench --dask`: lnfast on Dask arrays.
+
+- In memory: LayerNorm of a float32 65536x768 array in 8192-row chunks on
+  Dask's threaded scheduler (results persisted), forward and forward plus
+  backward, against lnfast on the whole NumPy array, same run.
+- `--dask-gib N`: out of core, N GiB of float32 rows of 768 generated
+  block by block (never all in memory), LayerNorm forward and backward
+  reduced to dweight, dbias and float64 checksums of y and dx; wall time,
+  GB/s of x, and the peak resident memory of the process (or of each
+  worker), against one chunk's size.
+- `--dask-cluster N`: the out-of-core run again on a dask.distributed
+  LocalCluster of N worker processes.
+"""
+import resource
+import sys
+import time
+
+import numpy as np
+
+import lnfast
+from lnfast._bench import _median_seconds
+
+ROWS, D, CHUNK = 65536, 768, 8192
+
+
+def run(args, threads):
+    try:
+        import dask
+        import dask.array as da
+    except ImportError:
+        print("bench --dask needs Dask (pip install lnfast[dask])", file=sys.stderr)
+        return []
+    rows = _in_memory(dask, da, args, threads)
+    if args.dask_gib:
+        rows.append(_out_of_core(dask, da, args.dask_gib, None))
+        if args.dask_cluster:
+            rows.append(_out_of_core(dask, da, args.dask_gib, args.dask_cluster))
+    _print(rows, threads)
+    return rows
+
+
+def _in_memory(dask, da, args, threads):
+    repeat = args.repeat or (3 if args.quick else 9)
+    rows_n = ROWS // 8 if args.quick else ROWS
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal((rows_n, D), np.float32) for _ in range(2))
+    w, b = (rng.standard_normal(D, np.float32) for _ in range(2))
+    X, DY = (da.from_array(a, chunks=(CHUNK // 8 if args.quick else CHUNK, D)) for a in (x, dy))
+    X, DY = dask.persist(X, DY)
+
+    def whole_step():
+        _, mean, rstd = lnfast.layer_norm_forward(x, w, b)
+        return lnfast.layer_norm_backward(dy, x, mean, rstd, w)
+
+    def dask_step():
+        _, mean, rstd = lnfast.layer_norm_forward(X, w, b)
+        return dask.persist(*lnfast.layer_norm_backward(DY, X, mean, rstd, w),
+                            scheduler="threads")
+
+    cases = [("forward", lambda: lnfast.layer_norm(x, w, b),
+              lambda: lnfast.layer_norm(X, w, b).persist(scheduler="threads")),
+             ("forward + backward", whole_step, dask_step)]
+    out = []
+    for name, whole, chunked in cases:
+        t_whole = _median_seconds(whole, repeat, 2.0)
+        t_dask = _median_seconds(chunked, repeat, 2.0)
+        out.append({"group": "in memory", "pass": name, "shape": f"{rows_n}x{D}",
+                    "chunks": X.chunksize[0], "whole_ms": t_whole * 1e3,
+                    "dask_ms": t_dask * 1e3, "ratio": t_dask / t_whole})
+    return out
+
+
+def _block(block_id, rows, seed):
+    """Rows of block `block_id`, the same whoever computes them."""
+    rng = np.random.default_rng([seed, block_id[0]])
+    return rng.random((rows, D), dtype=np.float32) * 4 - 2
+
+
+def _generated(da, total_rows, seed):
+    n = -(-total_rows // CHUNK)
+    chunks = ((CHUNK,) * (n - 1) + (total_rows - CHUNK * (n - 1),), (D,))
+    return da.map_blocks(lambda block_id=None: _block(block_id, chunks[0][block_id[0]], seed),
+                         chunks=chunks, dtype=np.float32, meta=np.empty((0, 0), np.float32),
+                         name=f"lnfast-bench-rows-{seed}-{total_rows}")
+
+
+def _peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _out_of_core(dask, da, gib, workers):
+    total_rows = int(gib * 2**30 // (4 * D))
+    X, DY = _generated(da, total_rows, 1), _generated(da, total_rows, 2)
+    w = np.linspace(0.5, 1.5, D, dtype=np.float32)
+    b = np.linspace(-1, 1, D, dtype=np.float32)
+    y, mean, rstd = lnfast.layer_norm_forward(X, w, b)
+    dx, dw, db = lnfast.layer_norm_backward(DY, X, mean, rstd, w)
+    wanted = (dw, db, y.sum(dtype=np.float64), dx.sum(dtype=np.float64))
+    print(f"\rout of core: {X.nbytes / 2**30:.1f} GiB "
+          f"{'threads' if workers is None else f'{workers} worker processes'} ...",
+          end="", file=sys.stderr, flush=True)
+    if workers is None:
+        t0 = time.perf_counter()
+        dask.compute(*wanted, scheduler="threads")
+        sec = time.perf_counter() - t0
+        peak = _peak_mib()
+        where = "threaded scheduler"
+    else:
+        import distributed
+
+        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                      host="127.0.0.1", dashboard_address=None,
+                                      memory_limit=0) as cluster, \
+                distributed.Client(cluster) as client:
+            t0 = time.perf_counter()
+            client.compute(list(wanted), sync=True)
+            sec = time.perf_counter() - t0
+            peak = max(client.run(_peak_mib).values())
+        where = f"LocalCluster, {workers} worker processes (peak: the largest worker's)"
+    print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    return {"group": "out of core", "where": where, "gib": X.nbytes / 2**30,
+            "rows": total_rows, "chunk_mib": CHUNK * D * 4 / 2**20, "seconds": sec,
+            "x_gbs": X.nbytes / sec / 1e9, "peak_mib": peak}
+
+
+def _print(rows, threads):
+    print(f"Dask, LayerNorm float32 rows of {D}, {threads} thread(s)")
+    print("| pass | shape | rows per chunk | whole NumPy array ms | Dask ms | Dask / whole |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        if r["group"] == "in memory":
+            print(f"| {r['pass']} | {r['shape']} | {r['chunks']} | {r['whole_ms']:.2f} "
+                  f"| {r['dask_ms']:.2f} | {r['ratio']:.2f} |")
+    for r in rows:
+        if r["group"] == "out of core":
+            print(f"out of core ({r['where']}): {r['gib']:.1f} GiB of x in chunks of "
+                  f"{r['chunk_mib']:.0f} MiB, forward + backward + checksums in "
+                  f"{r['seconds']:.1f} s ({r['x_gbs']:.2f} GB/s of x), peak resident "
+                  f"{r['peak_mib']:.0f} MiB")

@@ -1,0 +1,254 @@
+"""Dask arrays (SPEC "Frameworks and engines"): every public function on
+Dask arrays of NumPy or CuPy blocks, lazily.
+
+lnfast._dispatch sends a call here when x (or z) is a Dask array; each
+block then goes back through lnfast's own backends with the call's `axis`,
+so a block's rows get the bits the same call on the whole array gives.
+The normalized axes must each be one chunk.
+
+- Forward: one task per block of rows returns the tuple of its outputs;
+  one layer per output picks its item (as dask.array.apply_gufunc does).
+- Backward: each block returns dx and its dweight/dbias as float64 sums,
+  unrounded; a tree adds those of SPLIT_EVERY neighbouring blocks at a
+  time, always in block order, and the top rounds once to the gradients'
+  dtype.  For a given chunking the bits are thus those of the graph, not
+  of the scheduler or the number of workers.
+- Names derive from a token of every input and argument, so calls that
+  differ in any (eps, axis, ...) never share a task.
+- Threads: a task on a worker thread or in a worker process runs lnfast on
+  one thread, unless the user chose a count (lnfast._threads.task_threads).
+"""
+import operator
+
+import dask.array as da
+import numpy as np
+from dask.array.utils import meta_from_array
+from dask.base import tokenize
+from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph
+
+from lnfast import _axes, _checks, _cpu, _threads
+from lnfast._dispatch import backend
+
+# lnfast._axes hands `axis` to this backend rather than moving axes itself.
+takes_axis = True
+
+# Blocks' float64 partial sums added per task of the reduction tree.
+SPLIT_EVERY = 8
+
+
+# --- checks ---------------------------------------------------------------------
+
+def _kinds(x_name, x, arrays, params):
+    """arrays (residual, dy, mean, rstd, dz) must be Dask arrays too;
+    weight and bias may be Dask arrays or arrays of x's blocks' kind."""
+    for name, a in arrays:
+        if a is not None and not _checks.is_dask(a):
+            raise TypeError(f"{name} is a {type(a).__module__}.{type(a).__name__} but {x_name} "
+                            f"is a dask.array.Array: pass both as Dask arrays")
+    blocks = "cupy.ndarray" if _checks.is_cupy(x._meta) else "numpy.ndarray"
+    for name, p in params:
+        if p is None or _checks.is_dask(p):
+            continue
+        kind = "cupy.ndarray" if _checks.is_cupy(p) else type(p).__name__
+        if kind == "ndarray":
+            kind = "numpy.ndarray"
+        if kind != blocks:
+            raise TypeError(f"{name} is a {kind} but the blocks of {x_name} are {blocks}s: "
+                            f"pass a {blocks} or a Dask array of them")
+
+
+def _one_chunk(name, x, ax):
+    """Each normalized axis in one chunk, as dask.array.apply_gufunc asks."""
+    split = [k for k in ax if len(x.chunks[k]) > 1]
+    if split:
+        spec = ", ".join(f"{k}: -1" for k in split)
+        raise ValueError(
+            f"{name} must be a single chunk along the normalized axes {ax}, got chunks "
+            f"{tuple(x.chunks[k] for k in split)} along axes {tuple(split)}: rechunk it first, "
+            f"{name}.rechunk({{{spec}}})")
+
+
+def _last(axis):
+    return type(axis) is int and axis == -1
+
+
+# --- one block ------------------------------------------------------------------
+
+def _dense(a, axis):
+    """A block as the whole array's call sees it.  Over the last axis rows
+    give the same bits wherever they lie; over others the layout picks the
+    kernel (rows far apart go by tiles), so a view (a block of an array
+    chunked along a middle axis) is made C-ordered, as the array is."""
+    if a is None or _last(axis) or a.flags.c_contiguous:
+        return a
+    return (_cupy() if _checks.is_cupy(a) else np).ascontiguousarray(a)
+
+
+def _forward_block(x, residual, weight, bias, *, eps, centered, stats, axis):
+    x, residual = _dense(x, axis), _dense(residual, axis)
+    with _threads.task_threads():
+        kernels = backend("x residual weight bias", x, residual, weight, bias)
+        if _last(axis):
+            return kernels.forward(x, residual, weight, bias, eps, None, centered, stats)
+        return _axes.forward(kernels, x, residual, weight, bias, eps, None, centered, stats,
+                             axis)
+
+
+def _backward_block(dy, x, mean, rstd, weight, dz, *, centered, x_name, axis):
+    """(dx, the float64 sums [dweight, dbias] of the block's rows)."""
+    dy, x, dz = _dense(dy, axis), _dense(x, axis), _dense(dz, axis)
+    with _threads.task_threads():
+        kernels = backend("x dy mean rstd weight dz", x, dy, mean, rstd, weight, dz)
+        if _last(axis):
+            dx, dw, db = kernels.backward(dy, x, mean, rstd, weight, dz, centered, x_name,
+                                          partials=True)
+        else:
+            dx, dw, db = _axes.backward(kernels, dy, x, mean, rstd, weight, dz, centered,
+                                        x_name, axis, partials=True)
+    xp = _cupy() if _checks.is_cupy(dx) else np
+    return dx, xp.stack((dw, db)) if centered else dw[None]
+
+
+def _sum_in_order(parts):
+    total = parts[0].copy()
+    for p in parts[1:]:
+        total += p
+    return total
+
+
+def _rounded(total, dtype):
+    """float64 sums rounded once to `dtype` (16-bit: as the kernels round)."""
+    gpu = _checks.is_cupy(total)
+    host = total.get() if gpu else total
+    if dtype in _checks.HALF_DTYPES:
+        bits = _cpu.round_to_16bit(np.ascontiguousarray(host), dtype != np.float16)
+        out = bits.view(dtype)
+    else:
+        out = host.astype(dtype)
+    return _cupy().asarray(out) if gpu else out
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+# --- graphs ---------------------------------------------------------------------
+
+def _param(p, ax):
+    """A weight or bias as blockwise takes it: a Dask array of one block
+    indexed by the normalized axes (every block of x sees all of it; in
+    more blocks it would split x's rows to match), else a constant."""
+    return (p.rechunk(-1), ax) if _checks.is_dask(p) else (p, None)
+
+
+def _split(tmp, item, label, keep, chunks, meta):
+    """Output `item` of the tuples tmp's tasks return, as an array of
+    `chunks`, over tmp's axes `keep` (all for y, the rows' axes for mean)."""
+    base, token = tmp.name.rsplit("-", 1)
+    name = f"{base}-{label}-{token}"
+    dsk = {(name, *(key[1 + k] for k in keep)): (operator.getitem, key, item)
+           for key in flatten(tmp.__dask_keys__())}
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=[tmp])
+    return da.Array(graph, name, chunks=chunks, meta=meta_from_array(meta, len(keep)))
+
+
+def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None, axis=-1):
+    """(y, z, mean, rstd) as Dask arrays (None where not computed)."""
+    if out is not None:
+        raise TypeError("out must be None for Dask arrays, which are never written in place; "
+                        "use the returned array")
+    _kinds("x", x, [("residual", residual)], [("weight", weight), ("bias", bias)])
+    eps = _checks.forward_args(x, residual, weight, bias, eps, None, centered, axis)
+    ax = _checks.axes(axis, x.ndim)
+    _one_chunk("x", x, ax)
+    ind = tuple(range(x.ndim))
+    lead = tuple(k for k in ind if k not in ax)
+    if residual is not None:
+        residual = residual.rechunk(x.chunks)
+    xm = x._meta
+    compute = _checks.compute_dtype(x.dtype)
+    wanted = (True, residual is not None, stats and centered, stats)
+    metas = (meta_from_array(xm, x.ndim, x.dtype), meta_from_array(xm, x.ndim, x.dtype),
+             meta_from_array(xm, len(lead), compute), meta_from_array(xm, len(lead), compute))
+    token = tokenize(x, residual, weight, bias, eps, centered, stats, axis)
+    # (over every axis of x, the normalized ones a single block: no block
+    # is concatenated, so none is copied)
+    tmp = da.blockwise(
+        _forward_block, ind, x, ind, residual, ind if residual is not None else None,
+        *_param(weight, ax), *_param(bias if centered else None, ax),
+        name=f"lnfast-forward-{token}", meta=metas, eps=eps, centered=centered, stats=stats,
+        axis=axis)
+    lead_chunks = tuple(tmp.chunks[k] for k in lead)
+    outs = []
+    for item, (label, meta) in enumerate(zip(("y", "z", "mean", "rstd"), metas)):
+        if not wanted[item]:
+            outs.append(None)
+        elif item < 2:
+            outs.append(_split(tmp, item, label, ind, tmp.chunks, meta))
+        else:
+            outs.append(_split(tmp, item, label, lead, lead_chunks, meta))
+    return tuple(outs)
+
+
+def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None, axis=-1):
+    """(dx, dweight, dbias) as Dask arrays; dbias is zeros for RMSNorm."""
+    _kinds(x_name, x, [("dy", dy), ("mean", mean if centered else None), ("rstd", rstd),
+                       ("dz", dz)], [("weight", weight)])
+    _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name, axis)
+    ax = _checks.axes(axis, x.ndim)
+    _one_chunk(x_name, x, ax)
+    ind = tuple(range(x.ndim))
+    lead = tuple(k for k in ind if k not in ax)
+    lead_chunks = tuple(x.chunks[k] for k in lead)
+    dy = dy.rechunk(x.chunks)
+    dz = None if dz is None else dz.rechunk(x.chunks)
+    mean = mean.rechunk(lead_chunks) if centered else None
+    rstd = rstd.rechunk(lead_chunks)
+    xm = x._meta
+    norm = tuple(x.shape[k] for k in ax)
+    grads = np.dtype(_checks.compute_dtype(x.dtype) if weight is None else weight.dtype)
+    token = tokenize(dy, x, mean, rstd, weight, dz, centered, x_name, axis)
+    tmp = da.blockwise(
+        _backward_block, ind, dy, ind, x, ind, mean, lead if mean is not None else None,
+        rstd, lead, *_param(weight, ax), dz, ind if dz is not None else None,
+        name=f"lnfast-backward-{token}",
+        meta=(meta_from_array(xm, x.ndim, x.dtype), meta_from_array(xm, 1 + len(ax), np.float64)),
+        centered=centered, x_name=x_name, axis=axis)
+    dx = _split(tmp, 0, "dx", ind, tmp.chunks, xm)
+    dw, db = _reduced(tmp, token, norm, grads, xm, centered)
+    return dx, dw, db
+
+
+def _reduced(tmp, token, norm, grads, meta, centered):
+    """dweight and dbias: the blocks' float64 sums added in block order by a
+    tree of SPLIT_EVERY-wide tasks, rounded once to `grads`."""
+    name = f"lnfast-grads-{token}"
+    dsk = {}
+    level = []
+    for j, key in enumerate(flatten(tmp.__dask_keys__())):
+        dsk[(name, 0, j)] = (operator.getitem, key, 1)
+        level.append((name, 0, j))
+    depth = 0
+    while len(level) > 1:
+        depth += 1
+        groups = [level[i:i + SPLIT_EVERY] for i in range(0, len(level), SPLIT_EVERY)]
+        level = []
+        for j, group in enumerate(groups):
+            dsk[(name, depth, j)] = (_sum_in_order, group)
+            level.append((name, depth, j))
+    top = f"lnfast-grads-rounded-{token}"
+    dsk[(top,)] = (_rounded, level[0], grads)
+    outs = []
+    for item, label in enumerate(("dweight", "dbias") if centered else ("dweight",)):
+        out = f"lnfast-{label}-{token}"
+        dsk[(out,) + (0,) * len(norm)] = (operator.getitem, (top,), item)
+        outs.append(out)
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=[tmp])
+    arrays = [da.Array(graph, out, chunks=tuple((n,) for n in norm),
+                       meta=meta_from_array(meta, len(norm), grads)) for out in outs]
+    if not centered:    # (RMSNorm's backends return zeros there, unused)
+        arrays.append(da.zeros(norm, dtype=grads, meta=meta_from_array(meta, len(norm), grads)))
+    return arrays

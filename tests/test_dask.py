@@ -1,0 +1,353 @@
+"""Dask arrays (SPEC "Frameworks and engines"): every function against the
+NumPy call on the whole array, lazily; the chunking rule; dweight/dbias
+bitwise identical on every scheduler and on dask.distributed with 1 and 2
+worker processes; task names that tell calls apart."""
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lnfast
+from lnfast import _threads, reference
+
+da = pytest.importorskip("dask.array")
+dask = pytest.importorskip("dask")
+
+DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
+
+
+def data(rng, shape, dtype, scale=1.0, shift=0.0):
+    return (rng.standard_normal(shape) * scale + shift).astype(dtype)
+
+
+def same(a, b):
+    """Bitwise equal arrays of one dtype and shape (NaN never passes)."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert not np.isnan(a.astype(np.float64)).any()
+    assert a.tobytes() == b.tobytes()
+
+
+def grad_error(got, ref):
+    return np.abs(np.asarray(got, np.float64) - ref).max()
+
+
+def check_grads(got, numpy_call, ref):
+    """dweight/dbias from Dask: float64 sums of the blocks' float64 sums,
+    rounded once; at least as accurate as the NumPy call's, with one unit
+    in the last place of the result's dtype of slack (float64: the float64
+    reference's own error is of that order, so a relative 1e-13)."""
+    assert got.dtype == numpy_call.dtype and got.shape == numpy_call.shape
+    top = np.abs(ref).max()
+    slack = {np.dtype(np.float64): 1e-13, np.dtype(np.float32): 2.0 ** -23,
+             np.dtype(np.float16): 2.0 ** -10, np.dtype(ml_dtypes.bfloat16): 2.0 ** -7}
+    assert grad_error(got, ref) <= grad_error(numpy_call, ref) + slack[got.dtype] * top
+
+
+# --- every function, every dtype ----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_matches_the_numpy_call(rng, dtype):
+    x = data(rng, (301, 40), dtype, 3.0, 5.0)
+    w, b = data(rng, 40, dtype), data(rng, 40, dtype)
+    dy = data(rng, (301, 40), dtype)
+    X, DY = da.from_array(x, chunks=(64, 40)), da.from_array(dy, chunks=(50, 40))
+    y = lnfast.layer_norm(X, w, b, eps=1e-4)
+    assert isinstance(y, da.Array) and y.chunks == X.chunks
+    same(y.compute(), lnfast.layer_norm(x, w, b, eps=1e-4))
+    got = dask.compute(*lnfast.layer_norm_forward(X, w, b, eps=1e-4))
+    want = lnfast.layer_norm_forward(x, w, b, eps=1e-4)
+    for g, v in zip(got, want):
+        same(g, v)
+    _, mean, rstd = lnfast.layer_norm_forward(X, w, b, eps=1e-4)
+    dx, dw, db = dask.compute(*lnfast.layer_norm_backward(DY, X, mean, rstd, w))
+    DX, DW, DB = lnfast.layer_norm_backward(dy, x, want[1], want[2], w)
+    same(dx, DX)
+    ref = reference.layer_norm_backward(dy, x, want[1], want[2], w)
+    check_grads(dw, DW, ref[1])
+    check_grads(db, DB, ref[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_matches_the_numpy_call(rng, dtype):
+    x = data(rng, (7, 33, 24), dtype)
+    w = data(rng, 24, np.float32)
+    dy = data(rng, (7, 33, 24), dtype)
+    X = da.from_array(x, chunks=(3, 10, 24))
+    same(lnfast.rms_norm(X, w).compute(), lnfast.rms_norm(x, w))
+    y, rstd = lnfast.rms_norm_forward(X, w)
+    Y, RSTD = lnfast.rms_norm_forward(x, w)
+    same(y.compute(), Y)
+    same(rstd.compute(), RSTD)
+    dx, dw = dask.compute(*lnfast.rms_norm_backward(da.from_array(dy, chunks=(2, 33, 24)), X,
+                                                    rstd, w))
+    DX, DW = lnfast.rms_norm_backward(dy, x, RSTD, w)
+    same(dx, DX)
+    check_grads(dw, DW, reference.rms_norm_backward(dy, x, RSTD, w)[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_layer_norm_matches_the_numpy_call(rng, dtype):
+    x, r, dy, dz = (data(rng, (130, 48), dtype) for _ in range(4))
+    w, b = data(rng, 48, dtype), data(rng, 48, dtype)
+    X, R = da.from_array(x, chunks=(40, 48)), da.from_array(r, chunks=(25, 48))
+    out = lnfast.add_layer_norm_forward(X, R, w, b)
+    want = lnfast.add_layer_norm_forward(x, r, w, b)
+    for g, v in zip(dask.compute(*out), want):
+        same(g, v)
+    _, z, mean, rstd = out
+    got = dask.compute(*lnfast.add_layer_norm_backward(
+        da.from_array(dy, chunks=(40, 48)), z, mean, rstd, w, dz=da.from_array(dz, chunks=13)))
+    DS, DW, DB = lnfast.add_layer_norm_backward(dy, want[1], want[2], want[3], w, dz=dz)
+    same(got[0], DS)
+    ref = reference.add_layer_norm_backward(dy, want[1], want[2], want[3], w, dz)
+    check_grads(got[1], DW, ref[1])
+    check_grads(got[2], DB, ref[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_block_gives_the_numpy_calls_gradients(rng, dtype):
+    # one block: its float64 sums, rounded once, are the NumPy call's bytes
+    x, dy = data(rng, (300, 24), dtype), data(rng, (300, 24), dtype)
+    w = data(rng, 24, np.float32)
+    X = da.from_array(x, chunks=-1)
+    _, mean, rstd = lnfast.layer_norm_forward(X, w)
+    got = dask.compute(*lnfast.layer_norm_backward(da.from_array(dy, chunks=-1), X, mean, rstd,
+                                                   w))
+    for g, v in zip(got, lnfast.layer_norm_backward(dy, x, *lnfast.layer_norm_forward(x, w)[1:],
+                                                    w)):
+        same(g, v)
+
+
+def test_no_weight_gives_gradients_of_the_compute_dtype(rng):
+    x = data(rng, (64, 16), np.float16)
+    X = da.from_array(x, chunks=(16, 16))
+    _, mean, rstd = lnfast.layer_norm_forward(X)
+    dx, dw, db = lnfast.layer_norm_backward(X, X, mean, rstd)
+    assert dw.dtype == db.dtype == np.float32 == dw.compute().dtype
+    _, dw2 = lnfast.rms_norm_backward(X, X, lnfast.rms_norm_forward(X)[1])
+    assert dw2.compute().dtype == np.float32
+
+
+# --- axes, chunks, layouts --------------------------------------------------------
+
+@pytest.mark.parametrize("axis, chunks", [
+    (1, (2, 12, 3, 5)),             # channels-first, chunked over N and H
+    (1, (1, 12, 7, 2)),             # ... and over W
+    ((-2, -1), (3, 2, 7, 5)),       # the last two
+    ((1, 3), (1, 12, 4, 5)),        # gathered
+    (0, (5, 4, 7, 5)),              # the first
+])
+def test_any_axis_matches_the_numpy_call(rng, axis, chunks):
+    x = data(rng, (5, 12, 7, 5), np.float32, 2.0, 1.0)
+    ax = lnfast._checks.axes(axis, 4)
+    shape = tuple(x.shape[k] for k in ax)
+    w, b = data(rng, shape, np.float32), data(rng, shape, np.float32)
+    dy = data(rng, x.shape, np.float32)
+    X = da.from_array(x, chunks=chunks)
+    y, mean, rstd = lnfast.layer_norm_forward(X, w, b, axis=axis)
+    Y, MEAN, RSTD = lnfast.layer_norm_forward(x, w, b, axis=axis)
+    for g, v in zip(dask.compute(y, mean, rstd), (Y, MEAN, RSTD)):
+        same(g, v)
+    dx, dw, db = dask.compute(*lnfast.layer_norm_backward(da.from_array(dy, chunks=chunks), X,
+                                                          mean, rstd, w, axis=axis))
+    DX, DW, DB = lnfast.layer_norm_backward(dy, x, MEAN, RSTD, w, axis=axis)
+    same(dx, DX)
+    assert dw.shape == db.shape == shape
+    np.testing.assert_allclose(dw, DW, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, DB, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_as_a_dask_array(rng):
+    x, dy = data(rng, (50, 20), np.float64), data(rng, (50, 20), np.float64)
+    w, b = data(rng, 20, np.float64), data(rng, 20, np.float64)
+    X, W, B = (da.from_array(a, chunks=7) for a in (x, w, b))
+    X = X.rechunk({1: -1})
+    same(lnfast.layer_norm(X, W, B).compute(), lnfast.layer_norm(x, w, b))
+    _, mean, rstd = lnfast.layer_norm_forward(X, W, B)
+    dx, dw, _ = dask.compute(*lnfast.layer_norm_backward(da.from_array(dy, chunks=(9, 20)), X,
+                                                         mean, rstd, W))
+    DX, DW, _ = lnfast.layer_norm_backward(dy, x, *lnfast.layer_norm_forward(x, w, b)[1:], w)
+    same(dx, DX)
+    np.testing.assert_allclose(dw, DW, rtol=1e-13)
+
+
+def test_zero_rows(rng):
+    X = da.zeros((0, 8), dtype=np.float32, chunks=(4, 8))
+    y, mean, rstd = dask.compute(*lnfast.layer_norm_forward(X))
+    assert y.shape == (0, 8) and mean.shape == rstd.shape == (0,)
+    dx, dw, db = dask.compute(*lnfast.layer_norm_backward(X, X, *lnfast.layer_norm_forward(X)[1:]))
+    assert dx.shape == (0, 8)
+    same(dw, np.zeros(8, np.float32))
+    same(db, np.zeros(8, np.float32))
+
+
+def test_a_chunked_normalized_axis_is_an_error_saying_how_to_rechunk(rng):
+    X = da.from_array(data(rng, (8, 6, 10), np.float32), chunks=(4, 3, 5))
+    with pytest.raises(ValueError, match=r"x must be a single chunk .*x\.rechunk\(\{2: -1\}\)"):
+        lnfast.layer_norm(X)
+    with pytest.raises(ValueError, match=r"x\.rechunk\(\{1: -1, 2: -1\}\)"):
+        lnfast.layer_norm(X, axis=(1, 2))
+    with pytest.raises(ValueError, match=r"z must be a single chunk"):
+        lnfast.add_layer_norm_backward(X, X, X[..., 0], X[..., 0])
+    ok = X.rechunk({2: -1})
+    same(lnfast.layer_norm(ok).compute(), lnfast.layer_norm(ok.compute()))
+
+
+def test_bad_input_names_the_argument(rng):
+    x = data(rng, (8, 6), np.float32)
+    X = da.from_array(x, chunks=(4, 6))
+    _, mean, rstd = lnfast.layer_norm_forward(X)
+    with pytest.raises(TypeError, match="dy is a numpy.ndarray but x is a dask.array.Array"):
+        lnfast.layer_norm_backward(x, X, mean, rstd)
+    with pytest.raises(TypeError, match="residual is a numpy.ndarray"):
+        lnfast.add_layer_norm_forward(X, x)
+    with pytest.raises(TypeError, match="out must be None for Dask arrays"):
+        lnfast.layer_norm(X, out=X)
+    with pytest.raises(TypeError, match="dy is a dask.array.Array but x is a numpy.ndarray"):
+        lnfast.layer_norm_backward(X, x, np.zeros(8, np.float32), np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        lnfast.layer_norm(X, np.ones(5, np.float32))
+    with pytest.raises(TypeError, match="weight must have dtype"):
+        lnfast.layer_norm(X, da.ones(6, dtype=np.int32))
+    with pytest.raises(ValueError, match="eps"):
+        lnfast.rms_norm(X, eps=-1.0)
+    with pytest.raises(ValueError, match="axis"):
+        lnfast.layer_norm(X, axis=(1, 1))
+    with pytest.raises(TypeError, match="x must have dtype"):
+        lnfast.layer_norm(da.ones((4, 4), dtype=np.int64))
+
+
+def test_calls_are_lazy(rng):
+    def boom(block):
+        raise AssertionError("computed")
+
+    X = da.from_array(data(rng, (8, 6), np.float32), chunks=(4, 6)).map_blocks(
+        boom, meta=np.empty((0, 0), np.float32))
+    y, mean, rstd = lnfast.layer_norm_forward(X)
+    lnfast.layer_norm_backward(X, X, mean, rstd)
+    lnfast.add_layer_norm_forward(X, X)
+    with pytest.raises(AssertionError, match="computed"):
+        y.compute()
+
+
+# --- names -----------------------------------------------------------------------
+
+def test_calls_differing_in_any_argument_have_their_own_tasks(rng):
+    x = data(rng, (64, 8), np.float32, 0.01)
+    X = da.from_array(x, chunks=(16, 8))
+    whole = da.from_array(x, chunks=(64, 8))
+    calls = [lnfast.layer_norm(X, eps=1e-5), lnfast.layer_norm(X, eps=1e-1),
+             lnfast.rms_norm(X, eps=1e-5), lnfast.layer_norm(whole, eps=1e-5, axis=0),
+             lnfast.layer_norm(whole, eps=1e-5, axis=1),
+             lnfast.layer_norm(X, np.full(8, 2, np.float32), eps=1e-5)]
+    assert len({c.name for c in calls}) == len(calls)
+    assert lnfast.layer_norm(X, eps=1e-5).name == calls[0].name       # (the same call)
+    got = dask.compute(*calls)          # one graph, every call's tasks in it
+    want = [lnfast.layer_norm(x, eps=1e-5), lnfast.layer_norm(x, eps=1e-1),
+            lnfast.rms_norm(x, eps=1e-5), lnfast.layer_norm(x, eps=1e-5, axis=0),
+            lnfast.layer_norm(x, eps=1e-5, axis=1),
+            lnfast.layer_norm(x, np.full(8, 2, np.float32), eps=1e-5)]
+    for g, v in zip(got, want):
+        same(g, v)
+    assert not np.array_equal(got[0], got[1])
+
+
+def test_backward_names_tell_calls_apart(rng):
+    x, dy = data(rng, (32, 8), np.float32), data(rng, (32, 8), np.float32)
+    X, DY = da.from_array(x, chunks=(8, 8)), da.from_array(dy, chunks=(8, 8))
+    _, mean, rstd = lnfast.layer_norm_forward(X)
+    a = lnfast.layer_norm_backward(DY, X, mean, rstd)
+    b = lnfast.layer_norm_backward(DY, X, mean, rstd, np.full(8, 3, np.float32))
+    assert a[0].name != b[0].name and a[1].name != b[1].name
+    dxa, dxb = dask.compute(a[0], b[0])
+    same(dxa, a[0].compute())
+    same(dxb, b[0].compute())
+    assert not np.array_equal(dxa, dxb)
+
+
+# --- schedulers and workers ----------------------------------------------------------
+
+def grads_graph(rng, n_rows=6000, dtype=np.float32):
+    x = data(rng, (n_rows, 96), dtype, 4.0, 100.0)
+    dy = data(rng, (n_rows, 96), dtype)
+    w = data(rng, 96, dtype)
+    X, DY = da.from_array(x, chunks=(250, 96)), da.from_array(dy, chunks=(250, 96))
+    _, mean, rstd = lnfast.layer_norm_forward(X, w)
+    return lnfast.layer_norm_backward(DY, X, mean, rstd, w)[1:]
+
+
+def test_gradients_are_bitwise_the_same_on_every_scheduler(rng):
+    dw, db = grads_graph(rng)
+    first = dask.compute(dw, db, scheduler="sync")
+    for scheduler in ("threads", "processes"):
+        for _ in range(2):
+            got = dask.compute(dw, db, scheduler=scheduler)
+            same(got[0], first[0])
+            same(got[1], first[1])
+
+
+def test_gradients_are_bitwise_the_same_on_dask_distributed(rng):
+    distributed = pytest.importorskip("distributed")
+    dw, db = grads_graph(rng)
+    first = dask.compute(dw, db, scheduler="sync")
+    for workers in (1, 2):
+        with distributed.LocalCluster(n_workers=workers, threads_per_worker=2, processes=True,
+                                      host="127.0.0.1", dashboard_address=None) as cluster, \
+                distributed.Client(cluster) as client:
+            got = client.compute([dw, db], sync=True)
+            same(got[0], first[0])
+            same(got[1], first[1])
+
+
+# --- threads -------------------------------------------------------------------
+
+def test_task_threads(monkeypatch):
+    import threading
+
+    monkeypatch.delenv("LNFAST_NUM_THREADS", raising=False)
+    default = _threads.get_num_threads()
+    seen = {}
+
+    def task(key):
+        with _threads.task_threads():
+            seen[key] = _threads.get_num_threads()
+        seen[key + " after"] = _threads.get_num_threads()
+
+    task("main")                        # the main thread: as without
+    for key in ("worker", "chosen"):
+        if key == "chosen":
+            lnfast.set_num_threads(3)   # the user's choice holds everywhere
+        t = threading.Thread(target=task, args=(key,))
+        t.start()
+        t.join()
+    assert seen == {"main": default, "main after": default, "worker": 1,
+                    "worker after": default, "chosen": 3, "chosen after": 3}
+
+
+@pytest.mark.parametrize("scheduler, want", [("threads", 1), ("sync", None)])
+def test_dask_tasks_run_lnfast_on_one_thread_on_the_threaded_scheduler(
+        rng, monkeypatch, scheduler, want):
+    monkeypatch.delenv("LNFAST_NUM_THREADS", raising=False)
+    default = _threads.get_num_threads()
+    counts = []
+    real = _threads.get_num_threads
+
+    def recording():
+        counts.append(real())
+        return counts[-1]
+
+    monkeypatch.setattr(_threads, "get_num_threads", recording)
+    X = da.from_array(data(rng, (4 * 512, 64), np.float32), chunks=(512, 64))
+    _, mean, rstd = lnfast.layer_norm_forward(X)
+    dask.compute(*lnfast.layer_norm_backward(X, X, mean, rstd), scheduler=scheduler)
+    assert counts and set(counts) == {want or default}
+
+
+def test_import_lnfast_does_not_import_dask():
+    code = "import sys, lnfast; print('dask' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.stdout.strip() == "False", p.stderr
