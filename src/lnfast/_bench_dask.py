@@ -11,8 +11,9 @@
 - `--dask-cluster N`: the out-of-core run again on a dask.distributed
   LocalCluster of N worker processes.
 """
-import resource
+import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -84,8 +85,31 @@ def _generated(da, total_rows, seed):
                          name=f"lnfast-bench-rows-{seed}-{total_rows}")
 
 
-def _peak_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+class _PeakRSS:
+    """The largest resident set of processes `pids` while within, sampled
+    every 20 ms (psutil, which dask.distributed brings), and before."""
+
+    def __init__(self, pids):
+        import psutil
+
+        self.procs = [psutil.Process(p) for p in pids]
+        self.before = max(p.memory_info().rss for p in self.procs) / 2**20
+        self.peak = self.before
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, max(p.memory_info().rss for p in self.procs) / 2**20)
+            self.stop.wait(0.02)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
 
 
 def _out_of_core(dask, da, gib, workers):
@@ -100,10 +124,10 @@ def _out_of_core(dask, da, gib, workers):
           f"{'threads' if workers is None else f'{workers} worker processes'} ...",
           end="", file=sys.stderr, flush=True)
     if workers is None:
-        t0 = time.perf_counter()
-        dask.compute(*wanted, scheduler="threads")
-        sec = time.perf_counter() - t0
-        peak = _peak_mib()
+        with _PeakRSS([os.getpid()]) as rss:
+            t0 = time.perf_counter()
+            dask.compute(*wanted, scheduler="threads")
+            sec = time.perf_counter() - t0
         where = "threaded scheduler"
     else:
         import distributed
@@ -112,15 +136,15 @@ def _out_of_core(dask, da, gib, workers):
                                       host="127.0.0.1", dashboard_address=None,
                                       memory_limit=0) as cluster, \
                 distributed.Client(cluster) as client:
-            t0 = time.perf_counter()
-            client.compute(list(wanted), sync=True)
-            sec = time.perf_counter() - t0
-            peak = max(client.run(_peak_mib).values())
-        where = f"LocalCluster, {workers} worker processes (peak: the largest worker's)"
+            with _PeakRSS(client.run(os.getpid).values()) as rss:
+                t0 = time.perf_counter()
+                client.compute(list(wanted), sync=True)
+                sec = time.perf_counter() - t0
+        where = f"LocalCluster of {workers} worker processes, memory of the largest worker"
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     return {"group": "out of core", "where": where, "gib": X.nbytes / 2**30,
             "rows": total_rows, "chunk_mib": CHUNK * D * 4 / 2**20, "seconds": sec,
-            "x_gbs": X.nbytes / sec / 1e9, "peak_mib": peak}
+            "x_gbs": X.nbytes / sec / 1e9, "rss_before_mib": rss.before, "peak_mib": rss.peak}
 
 
 def _print(rows, threads):
@@ -135,5 +159,5 @@ def _print(rows, threads):
         if r["group"] == "out of core":
             print(f"out of core ({r['where']}): {r['gib']:.1f} GiB of x in chunks of "
                   f"{r['chunk_mib']:.0f} MiB, forward + backward + checksums in "
-                  f"{r['seconds']:.1f} s ({r['x_gbs']:.2f} GB/s of x), peak resident "
-                  f"{r['peak_mib']:.0f} MiB")
+                  f"{r['seconds']:.1f} s ({r['x_gbs']:.2f} GB/s of x); resident memory "
+                  f"{r['rss_before_mib']:.0f} MiB before, at most {r['peak_mib']:.0f} MiB during")
