@@ -220,6 +220,37 @@ def test_bad_input_names_the_argument(rng):
         lnfast.layer_norm(da.ones((4, 4), dtype=np.int64))
 
 
+def test_gradients_are_ordinary_dask_arrays(rng):
+    # results of the reduction tree can be computed on, sliced and stacked
+    x = data(rng, (40, 8), np.float32)
+    X = da.from_array(x, chunks=(10, 8))
+    _, mean, rstd = lnfast.layer_norm_forward(X)
+    dx, dw, db = lnfast.layer_norm_backward(X, X, mean, rstd)
+    DX, DW, DB = lnfast.layer_norm_backward(x, x, *lnfast.layer_norm_forward(x)[1:])
+    got = dask.compute(dw * 2, dw[:3], da.stack([dw, db]), dx.sum() + dw.sum())
+    np.testing.assert_allclose(got[0], 2 * DW, rtol=1e-6, atol=1e-6)
+    same(got[1], dask.compute(dw)[0][:3])
+    assert got[2].shape == (2, 8)
+    _, rstd2 = lnfast.rms_norm_forward(X)
+    dw2 = lnfast.rms_norm_backward(X, X, rstd2)[1]
+    assert (dw2 + 1).compute().shape == (8,)
+
+
+def test_unknown_chunk_sizes_are_an_error(rng):
+    X = da.from_array(data(rng, (40, 8), np.float32), chunks=(10, 8))
+    Y = X[X[:, 0] > 0]
+    with pytest.raises(ValueError, match=r"x has chunks of unknown size .*compute_chunk_sizes"):
+        lnfast.layer_norm(Y)
+
+
+def test_weight_is_read_at_call_time(rng):
+    x, w = data(rng, (16, 8), np.float32), data(rng, 8, np.float32)
+    y = lnfast.layer_norm(da.from_array(x, chunks=(4, 8)), w)
+    want = lnfast.layer_norm(x, w)
+    w *= 3
+    same(y.compute(), want)
+
+
 def test_calls_are_lazy(rng):
     def boom(block):
         raise AssertionError("computed")

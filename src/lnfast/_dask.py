@@ -39,23 +39,38 @@ SPLIT_EVERY = 8
 
 # --- checks ---------------------------------------------------------------------
 
-def _kinds(x_name, x, arrays, params):
-    """arrays (residual, dy, mean, rstd, dz) must be Dask arrays too;
-    weight and bias may be Dask arrays or arrays of x's blocks' kind."""
+def _kind(a):
+    """What a block of Dask array a, or array a itself, is."""
+    block = a._meta if _checks.is_dask(a) else a
+    if _checks.is_cupy(block):
+        return "cupy.ndarray"
+    return "numpy.ndarray" if isinstance(block, np.ndarray) else type(block).__name__
+
+
+def _inputs(x_name, x, arrays, params):
+    """Checks of what Dask adds (the rest is lnfast._checks'): arrays
+    (residual, dy, mean, rstd, dz) must be Dask arrays too, weight and bias
+    Dask arrays or arrays of x's blocks' kind, every block of x's kind, and
+    every shape known.  Returns weight and bias, copied where they are
+    arrays (the graph holds them: a later change in place must not reach
+    it)."""
     for name, a in arrays:
         if a is not None and not _checks.is_dask(a):
             raise TypeError(f"{name} is a {type(a).__module__}.{type(a).__name__} but {x_name} "
                             f"is a dask.array.Array: pass both as Dask arrays")
-    blocks = "cupy.ndarray" if _checks.is_cupy(x._meta) else "numpy.ndarray"
-    for name, p in params:
-        if p is None or _checks.is_dask(p):
+    blocks = _kind(x)
+    for name, a in [(x_name, x), *arrays, *params]:
+        if a is None:
             continue
-        kind = "cupy.ndarray" if _checks.is_cupy(p) else type(p).__name__
-        if kind == "ndarray":
-            kind = "numpy.ndarray"
-        if kind != blocks:
-            raise TypeError(f"{name} is a {kind} but the blocks of {x_name} are {blocks}s: "
-                            f"pass a {blocks} or a Dask array of them")
+        if _kind(a) != blocks:
+            what = f"{name}'s blocks are {_kind(a)}s" if _checks.is_dask(a) else \
+                f"{name} is a {_kind(a)}"
+            raise TypeError(f"{what} but the blocks of {x_name} are {blocks}s: "
+                            f"pass arrays of one kind")
+        if _checks.is_dask(a) and any(n != n for n in a.shape):
+            raise ValueError(f"{name} has chunks of unknown size {a.shape}: call "
+                             f"{name}.compute_chunk_sizes() first")
+    return [p if p is None or _checks.is_dask(p) else p.copy() for _, p in params]
 
 
 def _one_chunk(name, x, ax):
@@ -73,6 +88,10 @@ def _last(axis):
     return type(axis) is int and axis == -1
 
 
+def _last_only(axis, ndim):
+    return _last(axis) or _checks.axes(axis, ndim) == (ndim - 1,)
+
+
 # --- one block ------------------------------------------------------------------
 
 def _dense(a, axis):
@@ -80,7 +99,7 @@ def _dense(a, axis):
     give the same bits wherever they lie; over others the layout picks the
     kernel (rows far apart go by tiles), so a view (a block of an array
     chunked along a middle axis) is made C-ordered, as the array is."""
-    if a is None or _last(axis) or a.flags.c_contiguous:
+    if a is None or a.flags.c_contiguous or _last_only(axis, a.ndim):
         return a
     return (_cupy() if _checks.is_cupy(a) else np).ascontiguousarray(a)
 
@@ -126,7 +145,10 @@ def _rounded(total, dtype):
         out = bits.view(dtype)
     else:
         out = host.astype(dtype)
-    return _cupy().asarray(out) if gpu else out
+    if not gpu:
+        return out
+    with total.device:
+        return _cupy().asarray(out)
 
 
 def _cupy():
@@ -160,7 +182,7 @@ def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None, ax
     if out is not None:
         raise TypeError("out must be None for Dask arrays, which are never written in place; "
                         "use the returned array")
-    _kinds("x", x, [("residual", residual)], [("weight", weight), ("bias", bias)])
+    weight, bias = _inputs("x", x, [("residual", residual)], [("weight", weight), ("bias", bias)])
     eps = _checks.forward_args(x, residual, weight, bias, eps, None, centered, axis)
     ax = _checks.axes(axis, x.ndim)
     _one_chunk("x", x, ax)
@@ -195,8 +217,8 @@ def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None, ax
 
 def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None, axis=-1):
     """(dx, dweight, dbias) as Dask arrays; dbias is zeros for RMSNorm."""
-    _kinds(x_name, x, [("dy", dy), ("mean", mean if centered else None), ("rstd", rstd),
-                       ("dz", dz)], [("weight", weight)])
+    (weight,) = _inputs(x_name, x, [("dy", dy), ("mean", mean if centered else None),
+                                    ("rstd", rstd), ("dz", dz)], [("weight", weight)])
     _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name, axis)
     ax = _checks.axes(axis, x.ndim)
     _one_chunk(x_name, x, ax)
@@ -224,31 +246,28 @@ def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None, a
 
 def _reduced(tmp, token, norm, grads, meta, centered):
     """dweight and dbias: the blocks' float64 sums added in block order by a
-    tree of SPLIT_EVERY-wide tasks, rounded once to `grads`."""
+    tree of SPLIT_EVERY-wide tasks, rounded once to `grads`; the tree is
+    one layer, an array of the rounded [dweight, dbias] (one block)."""
     name = f"lnfast-grads-{token}"
     dsk = {}
     level = []
     for j, key in enumerate(flatten(tmp.__dask_keys__())):
-        dsk[(name, 0, j)] = (operator.getitem, key, 1)
-        level.append((name, 0, j))
+        dsk[(f"{name}-tree", 0, j)] = (operator.getitem, key, 1)
+        level.append((f"{name}-tree", 0, j))
     depth = 0
     while len(level) > 1:
         depth += 1
         groups = [level[i:i + SPLIT_EVERY] for i in range(0, len(level), SPLIT_EVERY)]
         level = []
         for j, group in enumerate(groups):
-            dsk[(name, depth, j)] = (_sum_in_order, group)
-            level.append((name, depth, j))
-    top = f"lnfast-grads-rounded-{token}"
-    dsk[(top,)] = (_rounded, level[0], grads)
-    outs = []
-    for item, label in enumerate(("dweight", "dbias") if centered else ("dweight",)):
-        out = f"lnfast-{label}-{token}"
-        dsk[(out,) + (0,) * len(norm)] = (operator.getitem, (top,), item)
-        outs.append(out)
+            dsk[(f"{name}-tree", depth, j)] = (_sum_in_order, group)
+            level.append((f"{name}-tree", depth, j))
+    rows = 2 if centered else 1
+    dsk[(name,) + (0,) * (1 + len(norm))] = (_rounded, level[0], grads)
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[tmp])
-    arrays = [da.Array(graph, out, chunks=tuple((n,) for n in norm),
-                       meta=meta_from_array(meta, len(norm), grads)) for out in outs]
-    if not centered:    # (RMSNorm's backends return zeros there, unused)
-        arrays.append(da.zeros(norm, dtype=grads, meta=meta_from_array(meta, len(norm), grads)))
-    return arrays
+    both = da.Array(graph, name, chunks=((rows,),) + tuple((n,) for n in norm),
+                    meta=meta_from_array(meta, 1 + len(norm), grads))
+    if centered:
+        return both[0], both[1]
+    # (RMSNorm's backends return zeros there, unused)
+    return both[0], da.zeros(norm, dtype=grads, meta=meta_from_array(meta, len(norm), grads))
