@@ -17,10 +17,14 @@ for module in ("_cpu", "_pool"):
     assert any(n.startswith(f"lnfast/{module}.") and n.endswith((".so", ".pyd")) for n in names), \
         f"no compiled module {module}"
 for required in ("lnfast/py.typed", "lnfast/_cpu.pyi", "lnfast/__init__.py",
-                 "lnfast/kernels/norm.cu"):
+                 "lnfast/kernels/norm.cu", "lnfast/jax_ffi/lnfast_ffi.cc"):
     assert required in names, f"wheel lacks {required}"
+# (the C API's headers, which lnfast.jax's handlers are compiled against)
+public_headers = {"lnfast/cpu/lnfast_cpu.h", "lnfast/cpu/config.h"}
+assert public_headers <= set(names), f"wheel lacks {public_headers - set(names)}"
 for n in names:
-    assert not n.endswith((".pyx", ".pxd", ".c", ".h")), f"wheel carries a source file: {n}"
+    assert n in public_headers or not n.endswith((".pyx", ".pxd", ".c", ".h")), \
+        f"wheel carries a source file: {n}"
 
 members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in m]
 print(f"{sdist.name}: {len(members)} files")
@@ -28,6 +32,7 @@ for required in ("src/lnfast/_cpu.pyx", "src/lnfast/_pool.pyx", "src/lnfast/_poo
                  "src/lnfast/cpu/lnfast_cpu.h", "src/lnfast/cpu/rowops.h",
                  "src/lnfast/cpu/forward.c", "src/lnfast/cpu/rows_f32_avx2.c",
                  "src/lnfast/cpu/halfconv.h", "src/lnfast/kernels/norm.cu",
+                 "src/lnfast/jax_ffi/lnfast_ffi.cc",
                  "setup.py", "pyproject.toml", "tests/test_layer_norm.py",
                  "tests/gpu/emulate.h", "tests/gpu/fake_cupy/cupy/__init__.py"):
     assert required in members, f"sdist lacks {required}"

@@ -11,23 +11,12 @@ import pytest
 
 import lnfast
 from lnfast import _threads, reference
+from tests.helpers import data, same
 
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
-
-
-def data(rng, shape, dtype, scale=1.0, shift=0.0):
-    return (rng.standard_normal(shape) * scale + shift).astype(dtype)
-
-
-def same(a, b):
-    """Bitwise equal arrays of one dtype and shape (NaN never passes)."""
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert not np.isnan(a.astype(np.float64)).any()
-    assert a.tobytes() == b.tobytes()
 
 
 def grad_error(got, ref):

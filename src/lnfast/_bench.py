@@ -63,6 +63,8 @@ def add_arguments(p):
     p.add_argument("--dask-cluster", type=_positive, default=0, metavar="N",
                    help="with --dask-gib: the out-of-core run again on a LocalCluster of N "
                         "worker processes")
+    p.add_argument("--jax", action="store_true",
+                   help="lnfast.jax against LayerNorm in jax.numpy, both jitted, instead")
     p.add_argument("--gpu", action="store_true",
                    help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
 
@@ -271,6 +273,11 @@ def run(args):
         results = _bench_torch.run(args, torch, threads)
         _cpu.simd_path("best")
         _write_json(args.json, threads, torch, sweeps, results)
+        return 0
+    if args.jax:
+        from lnfast import _bench_jax
+
+        _write_json(args.json, threads, torch, sweeps, _bench_jax.run(args, threads))
         return 0
     if args.dask:
         from lnfast import _bench_dask

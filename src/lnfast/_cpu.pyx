@@ -82,6 +82,13 @@ lnf_select(LNF_BEST)
 # ---------------------------------------------------------------------------
 # The build, and hooks for tests and benchmarks.
 
+def c_api_addresses():
+    """The addresses of lnf_array_init, lnf_forward and lnf_backward, for
+    lnfast.jax's XLA FFI handlers (which link nothing of their own)."""
+    return (<size_t><void*>lnf_array_init, <size_t><void*>lnf_forward,
+            <size_t><void*>lnf_backward)
+
+
 def build_info():
     """The compiler, whether OpenMP is on, and the instruction set the row
     loops run with on this CPU."""

@@ -1,0 +1,68 @@
+"""`python -m lnfast bench --jax`: lnfast.jax against LayerNorm written in
+jax.numpy, both under jax.jit on the CPU, forward and forward plus
+backward (`jax.vjp` of the function, every gradient), same run.  Each
+case runs after a pause, so that neither thread pool (XLA's, OpenMP's)
+is still spinning from the one before."""
+import sys
+import time
+
+import numpy as np
+
+from lnfast._bench import _median_seconds
+
+SHAPES = ["8192x1024", "256x1024", "32x768"]
+QUICK = ["256x1024", "32x768"]
+DTYPES = ["float32", "bfloat16"]
+
+
+def run(args, threads):
+    try:
+        import jax
+        import jax.numpy as jnp
+        import lnfast.jax as lj
+    except ImportError as e:
+        print(f"bench --jax needs JAX (pip install lnfast[jax]): {e}", file=sys.stderr)
+        return []
+
+    def jnp_layer_norm(x, w, b, eps=1e-5):
+        xf = x.astype(jnp.float32)
+        mu = xf.mean(-1, keepdims=True)
+        var = jnp.square(xf - mu).mean(-1, keepdims=True)
+        return ((xf - mu) * jax.lax.rsqrt(var + eps) * w + b).astype(x.dtype)
+
+    repeat = args.repeat or (5 if args.quick else 15)
+    budget = 0.5 if args.quick else 1.5
+    rows = []
+    rng = np.random.default_rng(0)
+    for shape in args.shapes or (QUICK if args.quick else SHAPES):
+        M, D = (int(v) for v in shape.lower().split("x"))
+        for dname in [d for d in args.dtypes if d in DTYPES] or DTYPES:
+            print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
+            dt = getattr(jnp, dname)
+            x, dy = (jnp.asarray(rng.standard_normal((M, D), np.float32), dt) for _ in range(2))
+            w, b = (jnp.asarray(rng.standard_normal(D, np.float32)) for _ in range(2))
+            for impl, fn in (("jax.numpy", jnp_layer_norm), ("lnfast", lj.layer_norm)):
+                forward = jax.jit(fn)
+                both = jax.jit(lambda x, w, b, dy, fn=fn: jax.vjp(fn, x, w, b)[1](dy))
+                for name, f, a in (("forward", forward, (x, w, b)),
+                                   ("forward + backward", both, (x, w, b, dy))):
+                    jax.block_until_ready(f(*a))        # (compiled here)
+                    time.sleep(0.2)
+                    sec = _median_seconds(lambda: jax.block_until_ready(f(*a)), repeat, budget)
+                    rows.append({"pass": name, "shape": shape, "dtype": dname, "impl": impl,
+                                 "ms": sec * 1e3})
+    print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    _print(rows, threads, jax)
+    return rows
+
+
+def _print(rows, threads, jax):
+    print(f"JAX {jax.__version__}, jax.jit on the CPU; lnfast {threads} thread(s)")
+    print("| pass | shape | dtype | jax.numpy ms | lnfast.jax ms | speed-up |")
+    print("|---|---|---|---|---|---|")
+    ref = {(r["pass"], r["shape"], r["dtype"]): r["ms"] for r in rows if r["impl"] == "jax.numpy"}
+    for r in rows:
+        if r["impl"] == "lnfast":
+            base = ref[(r["pass"], r["shape"], r["dtype"])]
+            print(f"| {r['pass']} | {r['shape']} | {r['dtype']} | {base:.3f} | {r['ms']:.3f} "
+                  f"| {base / r['ms']:.2f}x |")

@@ -1,0 +1,280 @@
+"""lnfast for JAX, on the CPU: `layer_norm`, `rms_norm` and
+`add_layer_norm`, each a `jax.custom_vjp` whose forward and backward are
+XLA FFI custom calls into lnfast's C kernels.  They work under `jax.jit`,
+`jax.grad` and `jax.vmap` (docs/jax.md).
+
+    import lnfast.jax as lj
+    y = jax.jit(lambda x, w, b: lj.layer_norm(x, w, b))(x, w, b)
+
+The handlers (jax_ffi/lnfast_ffi.cc) are compiled once, on first import,
+against jaxlib's FFI headers with the machine's C++ compiler ($CXX, else
+c++, g++ or clang++), and cached (LNFAST_CACHE_DIR, else
+$XDG_CACHE_HOME/lnfast or ~/.cache/lnfast) under a name that changes with
+the source, the headers and jaxlib.  They link nothing: lnfast._cpu hands
+them the C API's addresses.  Arrays on a GPU stay with XLA's own kernels:
+these custom calls exist for the CPU only.
+"""
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as e:       # (lnfast[jax] brings it)
+    raise ImportError("lnfast.jax needs JAX: pip install 'lnfast[jax]'") from e
+
+from lnfast import _checks, _cpu, _threads
+
+__all__ = ["add_layer_norm", "layer_norm", "rms_norm"]
+
+_HERE = pathlib.Path(__file__).parent
+_SOURCE = _HERE / "jax_ffi" / "lnfast_ffi.cc"
+_HEADERS = (_HERE / "cpu" / "lnfast_cpu.h", _HERE / "cpu" / "config.h")
+_DTYPES = frozenset(map(np.dtype, (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)))
+
+
+# --- the handlers: built, loaded and registered once ---------------------------
+
+def _cache_dir():
+    env = os.environ.get("LNFAST_CACHE_DIR")
+    if env:
+        return pathlib.Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "lnfast"
+
+
+def _compiler():
+    cxx = os.environ.get("CXX") or next(
+        (c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+    if cxx is None:
+        raise ImportError("lnfast.jax compiles its XLA FFI handlers on first import and needs "
+                          "a C++17 compiler: install g++ or clang++, or set CXX")
+    return cxx
+
+
+def _library():
+    """The handlers' shared library, compiled first if not cached."""
+    include = jax.ffi.include_dir()
+    flags = [_compiler(), "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{include}",
+             f"-I{_HEADERS[0].parent}", str(_SOURCE)]
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for part in (_SOURCE.read_bytes(), *(h.read_bytes() for h in _HEADERS),
+                 jax.__version__.encode(),
+                 (pathlib.Path(include) / "xla" / "ffi" / "api" / "api.h").read_bytes()):
+        digest.update(part)
+    out = _cache_dir() / f"lnfast_ffi-{digest.hexdigest()[:20]}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+        cmd = flags + ["-o", str(tmp)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except OSError as e:
+            raise ImportError(f"lnfast.jax could not run the C++ compiler {flags[0]!r}: {e}") \
+                from None
+        if p.returncode != 0:
+            raise ImportError("lnfast.jax could not compile its XLA FFI handlers:\n"
+                              + " ".join(cmd) + "\n" + p.stderr[-3000:])
+        os.replace(tmp, out)        # (atomic: a concurrent import sees all or nothing)
+    return out
+
+
+def _register():
+    lib = ctypes.CDLL(str(_library()))
+    lib.lnfast_ffi_set_api.argtypes = [ctypes.c_void_p] * 3
+    lib.lnfast_ffi_set_api(*_cpu.c_api_addresses())
+    for name in ("lnfast_norm_forward", "lnfast_norm_backward"):
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
+                                    platform="cpu")
+    return lib
+
+
+_LIB = _register()
+
+
+# --- checks (at trace time) ------------------------------------------------------
+
+def _data(name, a):
+    if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+        raise TypeError(f"{name} must be a JAX or NumPy array, got {type(a).__name__}")
+    if np.dtype(a.dtype) not in _DTYPES:
+        raise TypeError(f"{name} must have dtype float32, float64, float16 or bfloat16, "
+                        f"got {a.dtype}")
+    return a
+
+
+def _param(name, p, shape, dtype):
+    if p is None:
+        return None
+    if not hasattr(p, "dtype") or not hasattr(p, "shape"):
+        raise TypeError(f"{name} must be a JAX or NumPy array or None, got {type(p).__name__}")
+    if p.dtype != dtype and p.dtype != np.float32:
+        also = "" if dtype == np.float32 else " or float32"
+        raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {p.dtype}")
+    if tuple(p.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (the normalized axes'), "
+                         f"got {tuple(p.shape)}")
+    return p
+
+
+def _plan(x, axis):
+    """(normalized axes, their shape, whether they are x's last ones)."""
+    _data("x", x)
+    if x.ndim == 0:
+        raise ValueError("x must have at least 1 dimension, got a 0-d array")
+    ax = _checks.axes(axis, x.ndim)
+    _checks.normalized("x", x, ax)
+    return ax, tuple(x.shape[k] for k in ax), ax == tuple(range(x.ndim - len(ax), x.ndim))
+
+
+# --- the two custom calls ----------------------------------------------------------
+
+def _empty(dtype):
+    return jnp.zeros((0,), dtype)
+
+
+def _forward_call(x, r, w, b, eps, centered):
+    """(y, z, mean, rstd) over x's last axis; z and mean empty where not
+    computed.  w (and b, when centered) are vectors of length D."""
+    lead = x.shape[:-1]
+    ct = _checks.compute_dtype(np.dtype(x.dtype))
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype),
+           jax.ShapeDtypeStruct(x.shape if r is not None else (0,), x.dtype),
+           jax.ShapeDtypeStruct(lead if centered else (0,), ct),
+           jax.ShapeDtypeStruct(lead, ct))
+    call = jax.ffi.ffi_call("lnfast_norm_forward", out, vmap_method="broadcast_all")
+    return call(x, _empty(x.dtype) if r is None else r, w, b if centered else _empty(w.dtype),
+                eps=np.float64(eps), centered=np.int64(centered),
+                has_residual=np.int64(r is not None),
+                nthreads=np.int64(_threads.threads_for(x.size)))
+
+
+def _backward_call(dy, x, mean, rstd, w, dz, centered):
+    """(dx, [dweight, dbias]) over x's last axis, the sums in w's dtype."""
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((2, x.shape[-1]), w.dtype))
+    call = jax.ffi.ffi_call("lnfast_norm_backward", out, vmap_method="broadcast_all")
+    return call(dy, x, mean, rstd, w, _empty(x.dtype) if dz is None else dz,
+                centered=np.int64(centered), has_dz=np.int64(dz is not None),
+                nthreads=np.int64(_threads.threads_for(x.size,
+                                                       _threads.PARALLEL_MIN_ELEMENTS_BACKWARD)))
+
+
+# --- differentiable rows -------------------------------------------------------------
+# w and b are always arrays here (ones and zeros standing in for None).
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _rows(x, w, b, eps, centered):
+    return _forward_call(x, None, w, b, eps, centered)[0]
+
+
+def _rows_fwd(x, w, b, eps, centered):
+    y, _, mean, rstd = _forward_call(x, None, w, b, eps, centered)
+    return y, (x, mean, rstd, w)
+
+
+def _rows_bwd(eps, centered, saved, dy):
+    x, mean, rstd, w = saved
+    dx, dwdb = _backward_call(dy, x, mean, rstd, w, None, centered)
+    return dx, dwdb[0], dwdb[1]
+
+
+_rows.defvjp(_rows_fwd, _rows_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _add_rows(x, r, w, b, eps):
+    y, z, _, _ = _forward_call(x, r, w, b, eps, True)
+    return y, z
+
+
+def _add_rows_fwd(x, r, w, b, eps):
+    y, z, mean, rstd = _forward_call(x, r, w, b, eps, True)
+    return (y, z), (z, mean, rstd, w)
+
+
+def _add_rows_bwd(eps, saved, cotangents):
+    z, mean, rstd, w = saved
+    dy, dz = cotangents
+    dsum, dwdb = _backward_call(dy, z, mean, rstd, w, dz, True)
+    return dsum, dsum, dwdb[0], dwdb[1]
+
+
+_add_rows.defvjp(_add_rows_fwd, _add_rows_bwd)
+
+
+# --- the functions ----------------------------------------------------------------
+
+def _as_rows(a, ax, last, D):
+    """a with its normalized axes ax last, merged into one of D (a reshape
+    when they are last already, else a transpose XLA carries out)."""
+    if not last:
+        a = jnp.moveaxis(a, ax, tuple(range(a.ndim - len(ax), a.ndim)))
+    return a.reshape(a.shape[:a.ndim - len(ax)] + (D,))
+
+
+def _from_rows(y, shape, ax, last):
+    if last:
+        return y.reshape(shape)
+    lead = tuple(n for k, n in enumerate(shape) if k not in ax)
+    y = y.reshape(lead + tuple(shape[k] for k in ax))
+    return jnp.moveaxis(y, tuple(range(y.ndim - len(ax), y.ndim)), ax)
+
+
+def _vectors(x, weight, bias, norm, centered):
+    """weight and bias as length-D vectors of one dtype the kernels take
+    (weight's, or the compute dtype for a float32 weight with float64 x;
+    the casts are exact, and their gradients round the float64 sums once);
+    ones and zeros of the compute dtype for None (their gradients are then
+    dropped)."""
+    dtype = np.dtype(x.dtype)
+    weight = _param("weight", weight, norm, dtype)
+    bias = _param("bias", bias, norm, dtype) if centered else None
+    D = int(np.prod(norm))
+    ct = _checks.compute_dtype(dtype)
+    w = jnp.ones(D, ct) if weight is None else jnp.reshape(weight, D)
+    if w.dtype == np.float32 and ct == np.float64:
+        w = w.astype(ct)
+    b = jnp.zeros(D, w.dtype) if bias is None else jnp.reshape(bias, D).astype(w.dtype)
+    return w, b
+
+
+def _norm(x, weight, bias, eps, axis, centered):
+    ax, norm, last = _plan(x, axis)
+    eps = _checks.eps(eps)
+    w, b = _vectors(x, weight, bias, norm, centered)
+    y = _rows(_as_rows(x, ax, last, w.shape[0]), w, b, eps, centered)
+    return _from_rows(y, x.shape, ax, last)
+
+
+def layer_norm(x, weight=None, bias=None, *, eps=1e-5, axis=-1):
+    """LayerNorm of x over `axis` (an int or a tuple; the last by default):
+    (x - mean) * rstd * weight + bias, weight and bias of the normalized
+    axes' shape, in x's dtype or float32."""
+    return _norm(x, weight, bias, eps, axis, True)
+
+
+def rms_norm(x, weight=None, *, eps=1e-5, axis=-1):
+    """RMSNorm of x over `axis`: x * rstd * weight."""
+    return _norm(x, weight, None, eps, axis, False)
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, *, eps=1e-5, axis=-1):
+    """The pre-norm residual step: z = x + residual, y = LayerNorm(z) over
+    `axis`; returns (y, z), differentiable in both."""
+    ax, norm, last = _plan(x, axis)
+    _data("residual", residual)
+    if residual.dtype != x.dtype or tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"residual must have x's shape and dtype ({tuple(x.shape)}, "
+                         f"{x.dtype}), got ({tuple(residual.shape)}, {residual.dtype})")
+    eps = _checks.eps(eps)
+    w, b = _vectors(x, weight, bias, norm, True)
+    D = w.shape[0]
+    y, z = _add_rows(_as_rows(x, ax, last, D), _as_rows(residual, ax, last, D), w, b, eps)
+    return _from_rows(y, x.shape, ax, last), _from_rows(z, x.shape, ax, last)

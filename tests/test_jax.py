@@ -1,0 +1,217 @@
+"""lnfast.jax: the XLA FFI custom calls under jit, grad and vmap, against
+jax.numpy, the float64 reference and lnfast's NumPy functions (the same
+kernels: the same bits)."""
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lnfast
+from lnfast import reference
+from tests.helpers import data, same
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+lj = pytest.importorskip("lnfast.jax")
+
+DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
+
+
+def jnp_layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mu).mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * w + b
+
+
+# --- the same bits as lnfast's NumPy functions -----------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [1, 7, 333, 1024])
+def test_layer_norm_is_the_numpy_call(rng, dtype, D):
+    x, dy = data(rng, (13, D), dtype, 2.0, 3.0), data(rng, (13, D), dtype)
+    w, b = data(rng, D, dtype), data(rng, D, dtype)
+    f = jax.jit(lambda x, w, b: lj.layer_norm(x, w, b, eps=1e-4))
+    same(f(x, w, b), lnfast.layer_norm(x, w, b, eps=1e-4))
+    grads = jax.jit(lambda x, w, b, dy: jax.vjp(
+        lambda *a: lj.layer_norm(*a, eps=1e-4), x, w, b)[1](dy))(x, w, b, dy)
+    _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=1e-4)
+    for g, want in zip(grads, lnfast.layer_norm_backward(dy, x, mean, rstd, w)):
+        same(g, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_is_the_numpy_call(rng, dtype):
+    x, dy = data(rng, (4, 5, 96), dtype), data(rng, (4, 5, 96), dtype)
+    w = data(rng, 96, np.float32)
+    same(jax.jit(lj.rms_norm)(x, w), lnfast.rms_norm(x, w))
+    dx, dw = jax.vjp(lj.rms_norm, x, w)[1](dy)
+    DX, DW = lnfast.rms_norm_backward(dy, x, lnfast.rms_norm_forward(x, w)[1], w)
+    same(dx, DX)
+    same(dw, DW)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_layer_norm_is_the_numpy_call(rng, dtype):
+    x, r, dy, dz = (data(rng, (9, 40), dtype) for _ in range(4))
+    w, b = data(rng, 40, dtype), data(rng, 40, dtype)
+    (y, z), vjp = jax.vjp(lambda x, r, w, b: lj.add_layer_norm(x, r, w, b), x, r, w, b)
+    Y, Z, MEAN, RSTD = lnfast.add_layer_norm_forward(x, r, w, b)
+    same(y, Y)
+    same(z, Z)
+    dx, dr, dw, db = vjp((dy, dz))
+    DS, DW, DB = lnfast.add_layer_norm_backward(dy, Z, MEAN, RSTD, w, dz=dz)
+    for g, want in ((dx, DS), (dr, DS), (dw, DW), (db, DB)):
+        same(g, want)
+
+
+def test_no_weight_no_bias(rng):
+    x = data(rng, (6, 24), np.float16)
+    same(lj.layer_norm(x), lnfast.layer_norm(x))
+    dx = jax.grad(lambda x: jnp.sum(lj.layer_norm(x).astype(jnp.float32) ** 3))(x)
+    assert dx.dtype == jnp.float16 and dx.shape == x.shape
+    same(lj.rms_norm(x, eps=1e-3), lnfast.rms_norm(x, eps=1e-3))
+
+
+@pytest.mark.parametrize("axis", [0, 1, (1, 2), (0, 2), -1])
+def test_any_axis(rng, axis):
+    x = data(rng, (6, 5, 7), np.float64)
+    ax = lnfast._checks.axes(axis, 3)
+    shape = tuple(x.shape[k] for k in ax)
+    w, b = data(rng, shape, np.float64), data(rng, shape, np.float64)
+    y = jax.jit(lambda x, w, b: lj.layer_norm(x, w, b, axis=axis))(x, w, b)
+    np.testing.assert_allclose(y, lnfast.layer_norm(x, w, b, axis=axis), rtol=1e-13, atol=1e-13)
+    dy = data(rng, x.shape, np.float64)
+    got = jax.vjp(lambda *a: lj.layer_norm(*a, axis=axis), x, w, b)[1](dy)
+    _, mean, rstd = lnfast.layer_norm_forward(x, w, b, axis=axis)
+    for g, want in zip(got, lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)):
+        np.testing.assert_allclose(g, want, rtol=1e-12, atol=1e-12)
+
+
+def test_zero_rows(rng):
+    x = np.zeros((0, 8), np.float32)
+    assert lj.layer_norm(x).shape == (0, 8)
+    dx, dw, db = jax.vjp(lj.layer_norm, x, np.ones(8, np.float32), np.zeros(8, np.float32))[1](x)
+    assert dx.shape == (0, 8)
+    same(dw, np.zeros(8, np.float32))
+    same(db, np.zeros(8, np.float32))
+
+
+# --- against jax.numpy and float64 -----------------------------------------------------
+
+def test_against_jax_numpy_and_float64(rng):
+    x, dy = data(rng, (64, 200), np.float32, 3.0, 1e3), data(rng, (64, 200), np.float32)
+    w, b = data(rng, 200, np.float32), data(rng, 200, np.float32)
+    y = lj.layer_norm(x, w, b)
+    ref_y = reference.layer_norm_forward(x, w, b)[0]
+    assert reference.rel_error(np.asarray(y), ref_y) <= 2e-6
+    # jax.numpy's float32 loses more at an offset of 1e3 than lnfast does
+    err_jnp = reference.rel_error(np.asarray(jnp_layer_norm(x, w, b)), ref_y)
+    assert reference.rel_error(np.asarray(y), ref_y) <= max(err_jnp, 2e-6)
+    got = jax.vjp(lj.layer_norm, x, w, b)[1](dy)
+    _, mean, rstd = reference.layer_norm_forward(x, w, b)
+    for g, want in zip(got, reference.layer_norm_backward(dy, x, mean, rstd, w)):
+        assert reference.rel_error(np.asarray(g), want) <= 2e-5
+    # RMSNorm against jax.numpy's, outputs and gradients
+    def jnp_rms_norm(x, w, eps=1e-5):
+        return x * jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + eps) * w
+
+    x64, w64, dy64 = x.astype(np.float64) - 1e3, w.astype(np.float64), dy.astype(np.float64)
+    for got, want in zip(jax.vjp(lj.rms_norm, x64, w64)[1](dy64),
+                         jax.vjp(jnp_rms_norm, x64, w64)[1](dy64)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(lj.rms_norm(x64, w64), jnp_rms_norm(x64, w64), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_check_grads_float64(rng):
+    x, r = data(rng, (3, 4, 6), np.float64), data(rng, (3, 4, 6), np.float64)
+    w, b = data(rng, 6, np.float64), data(rng, 6, np.float64)
+    check_grads(lambda x, w, b: lj.layer_norm(x, w, b), (x, w, b), order=1, modes=["rev"])
+    check_grads(lambda x, w: lj.rms_norm(x, w), (x, w), order=1, modes=["rev"])
+    check_grads(lambda x, r, w, b: lj.add_layer_norm(x, r, w, b), (x, r, w, b), order=1,
+                modes=["rev"])
+    w2, w0 = data(rng, (4, 6), np.float64), data(rng, 3, np.float64)
+    check_grads(lambda x, w: lj.layer_norm(x, w, axis=(1, 2)), (x, w2), order=1, modes=["rev"])
+    check_grads(lambda x, w: lj.layer_norm(x, w, axis=0), (x, w0), order=1, modes=["rev"])
+
+
+def test_forward_mode_and_second_derivatives_are_errors(rng):
+    x = data(rng, (3, 8), np.float64)
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(lj.layer_norm, (x,), (x,))
+    with pytest.raises(Exception, match="FFI call to `lnfast_norm_.*` cannot be differentiated"):
+        jax.grad(lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(lj.layer_norm(x) ** 3))(x)))(x)
+
+
+# --- vmap -----------------------------------------------------------------------
+
+def test_vmap_adds_rows(rng):
+    x, dy = data(rng, (5, 3, 16), np.float32), data(rng, (5, 3, 16), np.float32)
+    w, b = data(rng, 16, np.float32), data(rng, 16, np.float32)
+    same(jax.vmap(lambda x: lj.layer_norm(x, w, b))(x), lnfast.layer_norm(x, w, b))
+    # per-example gradients of a shared weight: each batch its own sums
+    per = jax.vmap(lambda x, dy: jax.vjp(lambda w: lj.layer_norm(x, w, b), w)[1](dy)[0])(x, dy)
+    for k in range(5):
+        _, mean, rstd = lnfast.layer_norm_forward(x[k], w, b)
+        same(per[k], lnfast.layer_norm_backward(dy[k], x[k], mean, rstd, w)[1])
+    # the gradient of a vmapped function with a shared weight sums them
+    gw = jax.grad(lambda w: jnp.sum(jax.vmap(lambda x: lj.layer_norm(x, w, b))(x) * dy))(w)
+    np.testing.assert_allclose(gw, np.asarray(per).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_over_weights(rng):
+    x = data(rng, (4, 3, 8), np.float64)
+    w, b = data(rng, (4, 8), np.float64), data(rng, (4, 8), np.float64)
+    y = jax.vmap(lambda x, w, b: lj.layer_norm(x, w, b))(x, w, b)
+    for k in range(4):
+        same(y[k], lnfast.layer_norm(x[k], w[k], b[k]))
+    y2 = jax.vmap(lj.add_layer_norm, in_axes=(0, 0, 0, None))(x, x, w, b[0])
+    for k in range(4):
+        same(y2[0][k], lnfast.add_layer_norm_forward(x[k], x[k], w[k], b[0])[0])
+
+
+# --- bad input --------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x: lj.layer_norm(x.astype(np.int32)), TypeError, "x must have dtype"),
+    (lambda x: lj.layer_norm(x, np.ones(5, np.float32)), ValueError, "weight must have shape"),
+    (lambda x: lj.layer_norm(x, np.ones(8, np.float64)), TypeError, "weight must have dtype"),
+    (lambda x: lj.layer_norm(x, eps=-1.0), ValueError, "eps"),
+    (lambda x: lj.layer_norm(x, axis=(0, 0)), ValueError, "axis"),
+    (lambda x: lj.layer_norm(x, axis=2), ValueError, "axis"),
+    (lambda x: lj.layer_norm(x[:, :0]), ValueError, "D >= 1"),
+    (lambda x: lj.add_layer_norm(x, x[:1]), ValueError, "residual must have x's shape"),
+    (lambda x: lj.rms_norm([[1.0]]), TypeError, "x must be a JAX or NumPy array"),
+])
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call(np.ones((4, 8), np.float32))
+
+
+def test_import_lnfast_does_not_import_jax():
+    p = subprocess.run([sys.executable, "-c", "import sys, lnfast; print('jax' in sys.modules)"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.stdout.strip() == "False", p.stderr
+
+
+def test_handlers_are_built_once_and_a_missing_compiler_is_a_clear_import_error(tmp_path):
+    env = dict(__import__("os").environ, LNFAST_CACHE_DIR=str(tmp_path / "cache"))
+    code = "import lnfast.jax"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode == 0, p.stderr
+    (built,) = (tmp_path / "cache").glob("lnfast_ffi-*.so")
+    mtime = built.stat().st_mtime_ns
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode == 0 and built.stat().st_mtime_ns == mtime     # (not built again)
+    env.update(LNFAST_CACHE_DIR=str(tmp_path / "empty"), CXX=str(tmp_path / "no-such-c++"))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode != 0
+    assert "ImportError: lnfast.jax could not run the C++ compiler" in p.stderr, p.stderr
