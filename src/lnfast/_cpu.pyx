@@ -83,10 +83,11 @@ lnf_select(LNF_BEST)
 # The build, and hooks for tests and benchmarks.
 
 def c_api_addresses():
-    """The addresses of lnf_array_init, lnf_forward and lnf_backward, for
-    lnfast.jax's XLA FFI handlers (which link nothing of their own)."""
+    """The addresses of lnf_array_init, lnf_forward, lnf_backward and
+    lnf_round_to_16bit, for lnfast.jax's XLA FFI handlers (which link
+    nothing of their own)."""
     return (<size_t><void*>lnf_array_init, <size_t><void*>lnf_forward,
-            <size_t><void*>lnf_backward)
+            <size_t><void*>lnf_backward, <size_t><void*>lnf_round_to_16bit)
 
 
 def build_info():

@@ -9,26 +9,34 @@ XLA FFI custom calls into lnfast's C kernels.  They work under `jax.jit`,
 The handlers (jax_ffi/lnfast_ffi.cc) are compiled once, on first import,
 against jaxlib's FFI headers with the machine's C++ compiler ($CXX, else
 c++, g++ or clang++), and cached (LNFAST_CACHE_DIR, else
-$XDG_CACHE_HOME/lnfast or ~/.cache/lnfast) under a name that changes with
-the source, the headers and jaxlib.  They link nothing: lnfast._cpu hands
-them the C API's addresses.  Arrays on a GPU stay with XLA's own kernels:
-these custom calls exist for the CPU only.
+$XDG_CACHE_HOME/lnfast or ~/.cache/lnfast, else a temporary folder) under
+a name that changes with the source, the headers, jaxlib, the compiler and
+the machine.  They link nothing: lnfast._cpu hands them the C API's
+addresses.  The custom calls exist for the CPU only: a program compiled
+for a GPU cannot use them (there, use XLA's own LayerNorm).
 """
 import ctypes
 import functools
 import hashlib
 import os
 import pathlib
+import platform
+import shlex
 import shutil
 import subprocess
+import tempfile
 
 import numpy as np
 
 try:
     import jax
     import jax.numpy as jnp
-except ImportError as e:       # (lnfast[jax] brings it)
-    raise ImportError("lnfast.jax needs JAX: pip install 'lnfast[jax]'") from e
+    import jaxlib
+    from jax import ffi as _ffi
+    _ffi.ffi_call, _ffi.include_dir, _ffi.register_ffi_target     # (jax 0.5 or newer)
+except (ImportError, AttributeError) as e:      # (lnfast[jax] brings it)
+    raise ImportError(f"lnfast.jax needs JAX 0.5 or newer with jax.ffi: "
+                      f"pip install 'lnfast[jax]' ({e})") from None
 
 from lnfast import _checks, _cpu, _threads
 
@@ -42,57 +50,96 @@ _DTYPES = frozenset(map(np.dtype, (jnp.float32, jnp.float64, jnp.float16, jnp.bf
 
 # --- the handlers: built, loaded and registered once ---------------------------
 
-def _cache_dir():
+def _cache_dirs():
+    """Where the library may be kept: LNFAST_CACHE_DIR, else the user's
+    cache; then a temporary directory, where those cannot be written."""
     env = os.environ.get("LNFAST_CACHE_DIR")
     if env:
-        return pathlib.Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base) / "lnfast"
+        yield pathlib.Path(env)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+        yield pathlib.Path(base) / "lnfast"
+    yield pathlib.Path(tempfile.gettempdir()) / f"lnfast-{os.getuid() if hasattr(os, 'getuid') else 0}"
 
 
 def _compiler():
-    cxx = os.environ.get("CXX") or next(
-        (c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
-    if cxx is None:
+    cxx = os.environ.get("CXX")
+    cmd = shlex.split(cxx) if cxx else next(
+        ([c] for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+    if not cmd:
         raise ImportError("lnfast.jax compiles its XLA FFI handlers on first import and needs "
                           "a C++17 compiler: install g++ or clang++, or set CXX")
-    return cxx
+    return cmd
+
+
+def _run(cmd, what):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ImportError(f"lnfast.jax could not run the C++ compiler for {what} "
+                          f"({' '.join(cmd)}): {e}") from None
+
+
+def _key(flags):
+    """A name for the library: it changes with the source, the headers,
+    jaxlib and its FFI headers, the compiler and the machine."""
+    digest = hashlib.sha256(" ".join(flags).encode())
+    api = pathlib.Path(_ffi.include_dir()) / "xla" / "ffi" / "api"
+    for f in (_SOURCE, *_HEADERS, *sorted(api.glob("*.h"))):
+        digest.update(f.read_bytes())
+    version = _run(flags[:flags.index("-std=c++17")] + ["--version"], "its version")
+    for part in (jaxlib.__version__, platform.machine(), version.stdout):
+        digest.update(part.encode())
+    return f"lnfast_ffi-{digest.hexdigest()[:20]}.so"
+
+
+def _compile(out, flags):
+    """Compile into `out`, through a temporary file of the same directory
+    (the rename is atomic: a concurrent import sees all of it or none)."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        p = _run(flags + ["-o", tmp], "the handlers")
+        if p.returncode != 0:
+            raise ImportError("lnfast.jax could not compile its XLA FFI handlers:\n"
+                              + " ".join(flags) + "\n" + p.stderr[-3000:])
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _library():
-    """The handlers' shared library, compiled first if not cached."""
-    include = jax.ffi.include_dir()
-    flags = [_compiler(), "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{include}",
-             f"-I{_HEADERS[0].parent}", str(_SOURCE)]
-    digest = hashlib.sha256(" ".join(flags).encode())
-    for part in (_SOURCE.read_bytes(), *(h.read_bytes() for h in _HEADERS),
-                 jax.__version__.encode(),
-                 (pathlib.Path(include) / "xla" / "ffi" / "api" / "api.h").read_bytes()):
-        digest.update(part)
-    out = _cache_dir() / f"lnfast_ffi-{digest.hexdigest()[:20]}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-        cmd = flags + ["-o", str(tmp)]
+    """The handlers, loaded: from the cache, else compiled first (again
+    where a cached file does not load)."""
+    flags = _compiler() + ["-std=c++17", "-O2", "-shared", "-fPIC",
+                           f"-I{_ffi.include_dir()}", f"-I{_HEADERS[0].parent}", str(_SOURCE)]
+    name = _key(flags)
+    errors = []
+    for folder in _cache_dirs():
+        out = folder / name
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except OSError as e:
-            raise ImportError(f"lnfast.jax could not run the C++ compiler {flags[0]!r}: {e}") \
-                from None
-        if p.returncode != 0:
-            raise ImportError("lnfast.jax could not compile its XLA FFI handlers:\n"
-                              + " ".join(cmd) + "\n" + p.stderr[-3000:])
-        os.replace(tmp, out)        # (atomic: a concurrent import sees all or nothing)
-    return out
+            folder.mkdir(parents=True, exist_ok=True)
+            for attempt in range(2):
+                if not out.exists():
+                    _compile(out, flags)
+                try:
+                    return ctypes.CDLL(str(out))
+                except OSError as e:        # (a damaged file: compiled again, once)
+                    errors.append(f"{out}: {e}")
+                    out.unlink()
+        except OSError as e:                # (a folder that cannot be written)
+            errors.append(f"{folder}: {e}")
+    raise ImportError("lnfast.jax could not keep or load its XLA FFI handlers: "
+                      + "; ".join(errors))
 
 
 def _register():
-    lib = ctypes.CDLL(str(_library()))
-    lib.lnfast_ffi_set_api.argtypes = [ctypes.c_void_p] * 3
+    lib = _library()
+    lib.lnfast_ffi_set_api.argtypes = [ctypes.c_void_p] * 4
     lib.lnfast_ffi_set_api(*_cpu.c_api_addresses())
     for name in ("lnfast_norm_forward", "lnfast_norm_backward"):
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
-                                    platform="cpu")
+        _ffi.register_ffi_target(name, _ffi.pycapsule(getattr(lib, name)), platform="cpu")
     return lib
 
 
@@ -149,17 +196,20 @@ def _forward_call(x, r, w, b, eps, centered):
            jax.ShapeDtypeStruct(x.shape if r is not None else (0,), x.dtype),
            jax.ShapeDtypeStruct(lead if centered else (0,), ct),
            jax.ShapeDtypeStruct(lead, ct))
-    call = jax.ffi.ffi_call("lnfast_norm_forward", out, vmap_method="broadcast_all")
+    call = _ffi.ffi_call("lnfast_norm_forward", out, vmap_method="broadcast_all")
     return call(x, _empty(x.dtype) if r is None else r, w, b if centered else _empty(w.dtype),
                 eps=np.float64(eps), centered=np.int64(centered),
                 has_residual=np.int64(r is not None),
                 nthreads=np.int64(_threads.threads_for(x.size)))
 
 
-def _backward_call(dy, x, mean, rstd, w, dz, centered):
-    """(dx, [dweight, dbias]) over x's last axis, the sums in w's dtype."""
-    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((2, x.shape[-1]), w.dtype))
-    call = jax.ffi.ffi_call("lnfast_norm_backward", out, vmap_method="broadcast_all")
+def _backward_call(dy, x, mean, rstd, w, b, dz, centered):
+    """(dx, dweight, dbias) over x's last axis: dweight and dbias in w's
+    and b's dtypes, each rounded once from the float64 sums."""
+    D = x.shape[-1]
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((D,), w.dtype),
+           jax.ShapeDtypeStruct((D,), b.dtype))
+    call = _ffi.ffi_call("lnfast_norm_backward", out, vmap_method="broadcast_all")
     return call(dy, x, mean, rstd, w, _empty(x.dtype) if dz is None else dz,
                 centered=np.int64(centered), has_dz=np.int64(dz is not None),
                 nthreads=np.int64(_threads.threads_for(x.size,
@@ -176,13 +226,12 @@ def _rows(x, w, b, eps, centered):
 
 def _rows_fwd(x, w, b, eps, centered):
     y, _, mean, rstd = _forward_call(x, None, w, b, eps, centered)
-    return y, (x, mean, rstd, w)
+    return y, (x, mean, rstd, w, b)
 
 
 def _rows_bwd(eps, centered, saved, dy):
-    x, mean, rstd, w = saved
-    dx, dwdb = _backward_call(dy, x, mean, rstd, w, None, centered)
-    return dx, dwdb[0], dwdb[1]
+    x, mean, rstd, w, b = saved
+    return _backward_call(dy, x, mean, rstd, w, b, None, centered)
 
 
 _rows.defvjp(_rows_fwd, _rows_bwd)
@@ -196,14 +245,14 @@ def _add_rows(x, r, w, b, eps):
 
 def _add_rows_fwd(x, r, w, b, eps):
     y, z, mean, rstd = _forward_call(x, r, w, b, eps, True)
-    return (y, z), (z, mean, rstd, w)
+    return (y, z), (z, mean, rstd, w, b)
 
 
 def _add_rows_bwd(eps, saved, cotangents):
-    z, mean, rstd, w = saved
+    z, mean, rstd, w, b = saved
     dy, dz = cotangents
-    dsum, dwdb = _backward_call(dy, z, mean, rstd, w, dz, True)
-    return dsum, dsum, dwdb[0], dwdb[1]
+    dsum, dw, db = _backward_call(dy, z, mean, rstd, w, b, dz, True)
+    return dsum, dsum, dw, db
 
 
 _add_rows.defvjp(_add_rows_fwd, _add_rows_bwd)
@@ -228,21 +277,22 @@ def _from_rows(y, shape, ax, last):
 
 
 def _vectors(x, weight, bias, norm, centered):
-    """weight and bias as length-D vectors of one dtype the kernels take
-    (weight's, or the compute dtype for a float32 weight with float64 x;
-    the casts are exact, and their gradients round the float64 sums once);
-    ones and zeros of the compute dtype for None (their gradients are then
-    dropped)."""
+    """weight and bias as length-D vectors of dtypes the kernels take: their
+    own, but float64 for a float32 one with float64 x (an exact cast, whose
+    gradient rounds the float64 sums once); ones and zeros of the compute
+    dtype for None (their gradients are then dropped)."""
     dtype = np.dtype(x.dtype)
     weight = _param("weight", weight, norm, dtype)
     bias = _param("bias", bias, norm, dtype) if centered else None
     D = int(np.prod(norm))
     ct = _checks.compute_dtype(dtype)
-    w = jnp.ones(D, ct) if weight is None else jnp.reshape(weight, D)
-    if w.dtype == np.float32 and ct == np.float64:
-        w = w.astype(ct)
-    b = jnp.zeros(D, w.dtype) if bias is None else jnp.reshape(bias, D).astype(w.dtype)
-    return w, b
+
+    def vector(p, fill):
+        v = jnp.full(D, fill, ct) if p is None else jnp.reshape(p, D)
+        return v.astype(ct) if v.dtype == np.float32 and ct == np.float64 else v
+
+    w = vector(weight, 1)
+    return w, jnp.zeros(D, w.dtype) if bias is None else vector(bias, 0)
 
 
 def _norm(x, weight, bias, eps, axis, centered):
