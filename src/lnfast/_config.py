@@ -38,8 +38,15 @@ def config():
     }
 
 
-def show_config():
-    """Print the version, the build (compiler, OpenMP, SIMD), threads and GPU."""
+def show_config() -> None:
+    """Print the version, the build (compiler, OpenMP, SIMD), threads and GPU.
+
+    Examples
+    --------
+    >>> import lnfast
+    >>> lnfast.show_config()  # doctest: +ELLIPSIS
+    version ...
+    """
     c = config()
     c["openmp"] = "on" if c["openmp"] else "off (serial build)"
     width = max(map(len, c))

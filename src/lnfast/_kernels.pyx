@@ -309,6 +309,16 @@ def constants_kept():
 
 def empty_cache():
     """Return the cached output buffers (and the cached stand-in weight
-    vectors) to the system (see docs/api.md)."""
+    vectors) to the system.
+
+    Outputs of 1 MiB or more are drawn from a cache of freed buffers of
+    the same size (at most ``LNFAST_CACHE_BYTES``, 1 GiB by default), which
+    saves the page faults of fresh memory on repeated calls.
+
+    Examples
+    --------
+    >>> import lnfast
+    >>> lnfast.empty_cache()
+    """
     _pool.clear_cache()
     _constants.clear()

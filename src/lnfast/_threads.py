@@ -13,6 +13,7 @@ import multiprocessing
 import operator
 import os
 import threading
+from typing import Any, Optional
 
 from lnfast import _cpu
 
@@ -26,8 +27,11 @@ _MAX_THREADS = 1024
 # The variable is read on every call, so it may change at run time.  CPython's
 # os.environ finds a missing key by raising KeyError inside (a tenth of a
 # small call); its underlying dict of encoded keys does not.
+_ENV: Any
+_ENV_KEY: Any
 try:
-    _ENV, _ENV_KEY = os.environ._data, os.environ.encodekey("LNFAST_NUM_THREADS")
+    _ENV, _ENV_KEY = os.environ._data, os.environ.encodekey(  # type: ignore[attr-defined]
+        "LNFAST_NUM_THREADS")
 except AttributeError:      # another os.environ
     _ENV, _ENV_KEY = os.environ, "LNFAST_NUM_THREADS"
 
@@ -48,8 +52,31 @@ PARALLEL_MIN_ELEMENTS = 1 << 14
 PARALLEL_MIN_ELEMENTS_BACKWARD = 1 << 15
 
 
-def set_num_threads(n):
-    """Use `n` threads in the CPU kernels; `None` returns to the default."""
+def set_num_threads(n: Optional[int]) -> None:
+    """Use `n` threads in the CPU kernels; None returns to the default.
+
+    Parameters
+    ----------
+    n : int or None
+        From 1 to 1024, or None for the default: ``LNFAST_NUM_THREADS``
+        where set, else OpenMP's (which threadpoolctl can limit).  Results
+        are bitwise the same for any count.
+
+    Raises
+    ------
+    TypeError
+        n is neither an int nor None.
+    ValueError
+        n is out of range.
+
+    Examples
+    --------
+    >>> import lnfast
+    >>> lnfast.set_num_threads(1)
+    >>> lnfast.get_num_threads()
+    1
+    >>> lnfast.set_num_threads(None)
+    """
     global _requested
     if n is not None:
         if isinstance(n, bool):
@@ -63,8 +90,24 @@ def set_num_threads(n):
     _requested = n
 
 
-def get_num_threads():
-    """The thread count the CPU kernels use for large inputs."""
+def get_num_threads() -> int:
+    """The thread count the CPU kernels use for large inputs.
+
+    Small calls run on the calling thread alone, where waking the others
+    would cost more than it saves.
+
+    Returns
+    -------
+    int
+        `set_num_threads`'s count, else ``LNFAST_NUM_THREADS``, else
+        OpenMP's default; 1 in a process forked after lnfast was imported.
+
+    Examples
+    --------
+    >>> import lnfast
+    >>> lnfast.get_num_threads() >= 1
+    True
+    """
     if _forked:
         return 1
     if _requested is not None:
@@ -94,7 +137,8 @@ def task_threads():
         _task.threads = old
 
 
-_env_parsed = (None, None)     # (the variable's value, its count): one object, thread-safe
+# (the variable's value, its count): one object, thread-safe
+_env_parsed: tuple[Any, Optional[int]] = (None, None)
 
 
 def _env_threads():
