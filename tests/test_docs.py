@@ -79,3 +79,22 @@ def test_site_builds_without_warnings(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert (tmp_path / "html" / "reference.html").read_text().count("layer_norm_backward") > 2
+
+
+@pytest.mark.parametrize("module, names", [
+    ("lnfast.torch", ["layer_norm", "rms_norm", "add_layer_norm", "LayerNorm", "RMSNorm",
+                      "replace_norms"]),
+    ("lnfast.jax", ["layer_norm", "rms_norm", "add_layer_norm"]),
+])
+def test_framework_docstrings(module, names):
+    # (where the framework is installed) complete docstrings whose examples run
+    framework = module.split(".")[1]
+    pytest.importorskip(framework)
+    mod = importlib.import_module(module)
+    for name in names:
+        found = sections(inspect.getdoc(getattr(mod, name)))
+        assert "Examples" in found, f"{module}.{name}: no example"
+        if not inspect.isclass(getattr(mod, name)):
+            assert {"Parameters", "Returns"} <= set(found), f"{module}.{name}"
+    result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -59,7 +59,8 @@ def _cache_dirs():
     else:
         base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
         yield pathlib.Path(base) / "lnfast"
-    yield pathlib.Path(tempfile.gettempdir()) / f"lnfast-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    user = os.getuid() if hasattr(os, "getuid") else 0
+    yield pathlib.Path(tempfile.gettempdir()) / f"lnfast-{user}"
 
 
 def _compiler():
@@ -304,20 +305,95 @@ def _norm(x, weight, bias, eps, axis, centered):
 
 
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, axis=-1):
-    """LayerNorm of x over `axis` (an int or a tuple; the last by default):
-    (x - mean) * rstd * weight + bias, weight and bias of the normalized
-    axes' shape, in x's dtype or float32."""
+    """LayerNorm, ``(x - mean) * rstd * weight + bias``, as an XLA custom call.
+
+    Works under `jax.jit`, `jax.grad` (reverse mode) and `jax.vmap`.
+
+    Parameters
+    ----------
+    x : jax.Array or numpy.ndarray
+        float32, float64 (with ``jax_enable_x64``), float16 or bfloat16, on
+        the CPU.
+    weight, bias : array or None, optional
+        Of the normalized axes' shape, in x's dtype or float32; None means
+        ones and zeros.
+    eps : float, optional
+        Added to the variance.
+    axis : int or tuple of ints, optional
+        The normalized axes (the last by default).
+
+    Returns
+    -------
+    jax.Array
+        x's shape and dtype.
+
+    Examples
+    --------
+    >>> import jax, numpy as np, lnfast.jax as lj
+    >>> x = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    >>> y = jax.jit(lambda x: lj.layer_norm(x, eps=0.0))(x)
+    >>> np.asarray(y).round(4)
+    array([[-1.3416, -0.4472,  0.4472,  1.3416]], dtype=float32)
+    """
     return _norm(x, weight, bias, eps, axis, True)
 
 
 def rms_norm(x, weight=None, *, eps=1e-5, axis=-1):
-    """RMSNorm of x over `axis`: x * rstd * weight."""
+    """RMSNorm, ``x * rstd * weight``, as an XLA custom call.
+
+    Parameters
+    ----------
+    x : jax.Array or numpy.ndarray
+        As `layer_norm`'s.
+    weight : array or None, optional
+        Of the normalized axes' shape, in x's dtype or float32.
+    eps : float, optional
+        Added to the mean square.
+    axis : int or tuple of ints, optional
+        The normalized axes (the last by default).
+
+    Returns
+    -------
+    jax.Array
+        x's shape and dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, lnfast.jax as lj
+    >>> np.asarray(lj.rms_norm(np.array([[3.0, 4.0]], np.float32), eps=0.0)).round(4)
+    array([[0.8485, 1.1314]], dtype=float32)
+    """
     return _norm(x, weight, None, eps, axis, False)
 
 
 def add_layer_norm(x, residual, weight=None, bias=None, *, eps=1e-5, axis=-1):
-    """The pre-norm residual step: z = x + residual, y = LayerNorm(z) over
-    `axis`; returns (y, z), differentiable in both."""
+    """The pre-norm residual step in one custom call: ``z = x + residual``,
+    ``y = layer_norm(z)``.
+
+    Parameters
+    ----------
+    x, residual : jax.Array or numpy.ndarray
+        Of one shape and dtype (as `layer_norm`'s x).
+    weight, bias : array or None, optional
+        As `layer_norm`'s.
+    eps : float, optional
+        Added to the variance.
+    axis : int or tuple of ints, optional
+        The normalized axes (the last by default).
+
+    Returns
+    -------
+    y, z : jax.Array
+        The LayerNorm of z, and z; differentiable in both.
+
+    Examples
+    --------
+    >>> import numpy as np, lnfast.jax as lj
+    >>> x = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    >>> y, z = lj.add_layer_norm(x, np.ones_like(x))
+    >>> np.asarray(z)
+    array([[2., 3., 4., 5.]], dtype=float32)
+    """
     ax, norm, last = _plan(x, axis)
     _data("residual", residual)
     if residual.dtype != x.dtype or tuple(residual.shape) != tuple(x.shape):

@@ -328,21 +328,94 @@ def _eps(eps):
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """torch.nn.functional.layer_norm."""
+    """`torch.nn.functional.layer_norm`, computed by lnfast.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        float32, float64, float16 or bfloat16, on the CPU or a CUDA device.
+    normalized_shape : int or sequence of ints
+        The last axes of input, normalized together.
+    weight, bias : torch.Tensor or None, optional
+        Of normalized_shape, in input's dtype or float32.
+    eps : float, optional
+        Added to the variance.
+
+    Returns
+    -------
+    torch.Tensor
+        input's shape and dtype; differentiable in input, weight and bias.
+
+    Examples
+    --------
+    >>> import torch, lnfast.torch
+    >>> x = torch.tensor([[1.0, 2.0, 3.0, 4.0]], requires_grad=True)
+    >>> y = lnfast.torch.layer_norm(x, 4, eps=0.0)
+    >>> y.detach()
+    tensor([[-1.3416, -0.4472,  0.4472,  1.3416]])
+    """
     k = _normalized(input, normalized_shape, (("weight", weight), ("bias", bias)))
     return _apply(input, None, weight, bias, k, _eps(eps), True)[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
-    """torch.nn.functional.rms_norm: eps=None is torch.finfo(input.dtype).eps."""
+    """`torch.nn.functional.rms_norm`, computed by lnfast.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        As `layer_norm`'s.
+    normalized_shape : int or sequence of ints
+        The last axes of input, normalized together.
+    weight : torch.Tensor or None, optional
+        Of normalized_shape, in input's dtype or float32.
+    eps : float or None, optional
+        Added to the mean square; None is ``torch.finfo(input.dtype).eps``.
+
+    Returns
+    -------
+    torch.Tensor
+        input's shape and dtype; differentiable in input and weight.
+
+    Examples
+    --------
+    >>> import torch, lnfast.torch
+    >>> lnfast.torch.rms_norm(torch.tensor([[3.0, 4.0]]), 2, eps=0.0)
+    tensor([[0.8485, 1.1314]])
+    """
     k = _normalized(input, normalized_shape, (("weight", weight),))
     eps = torch.finfo(input.dtype).eps if eps is None else _eps(eps)
     return _apply(input, None, weight, None, k, eps, False)[0]
 
 
 def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """The pre-norm residual step: z = x + residual, y = layer_norm(z);
-    returns (y, z), with gradients through both."""
+    """The pre-norm residual step in one pass: ``z = x + residual``,
+    ``y = layer_norm(z)``.
+
+    Parameters
+    ----------
+    x, residual : torch.Tensor
+        Of one shape, dtype and device (as `layer_norm`'s input).
+    normalized_shape : int or sequence of ints
+        The last axes, normalized together.
+    weight, bias : torch.Tensor or None, optional
+        Of normalized_shape, in x's dtype or float32.
+    eps : float, optional
+        Added to the variance.
+
+    Returns
+    -------
+    y, z : torch.Tensor
+        The LayerNorm of z, and z; gradients flow through both.
+
+    Examples
+    --------
+    >>> import torch, lnfast.torch
+    >>> x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    >>> y, z = lnfast.torch.add_layer_norm(x, torch.ones_like(x), 4)
+    >>> z
+    tensor([[2., 3., 4., 5.]])
+    """
     k = _normalized(x, normalized_shape, (("weight", weight), ("bias", bias)))
     if not isinstance(residual, torch.Tensor):
         raise _TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
@@ -356,16 +429,32 @@ def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e
 # --- modules -------------------------------------------------------------------
 
 class LayerNorm(torch.nn.LayerNorm):
-    """torch.nn.LayerNorm (same arguments, parameters and state_dict keys)
-    computed by lnfast."""
+    """`torch.nn.LayerNorm` computed by lnfast: the same constructor
+    arguments, parameters, ``state_dict`` keys and ``isinstance`` answers.
+
+    Examples
+    --------
+    >>> import torch, lnfast.torch
+    >>> m = lnfast.torch.LayerNorm(8)
+    >>> sorted(m.state_dict()) == sorted(torch.nn.LayerNorm(8).state_dict())
+    True
+    """
 
     def forward(self, input):
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(torch.nn.RMSNorm):
-    """torch.nn.RMSNorm (same arguments, parameters and state_dict keys)
-    computed by lnfast."""
+    """`torch.nn.RMSNorm` computed by lnfast: the same constructor
+    arguments, parameters, ``state_dict`` keys and ``isinstance`` answers.
+
+    Examples
+    --------
+    >>> import torch, lnfast.torch
+    >>> m = lnfast.torch.RMSNorm(8)
+    >>> m(torch.ones(2, 8)).shape
+    torch.Size([2, 8])
+    """
 
     def forward(self, input):
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)
@@ -387,10 +476,31 @@ def _swapped(m):
 
 
 def replace_norms(module):
-    """Swap every torch.nn.LayerNorm and torch.nn.RMSNorm in `module` (or
-    `module` itself, returned) for lnfast's, in place: the same Parameter
-    objects (so an optimizer built before still holds them), device and
-    dtype.  Returns the module."""
+    """Swap every `torch.nn.LayerNorm` and `torch.nn.RMSNorm` in `module`
+    for lnfast's, in place.
+
+    The new modules hold the same Parameter objects (an optimizer built
+    before still steps them), on the same device, in the same dtype and
+    training mode.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model; a LayerNorm or RMSNorm itself is replaced by the result.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, or lnfast's module standing for it.
+
+    Examples
+    --------
+    >>> import torch, lnfast.torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    >>> model = lnfast.torch.replace_norms(model)
+    >>> type(model[1]).__module__
+    'lnfast.torch'
+    """
     top = _swapped(module)
     if top is not None:
         return top
