@@ -11,12 +11,25 @@ _SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 if any((_SRC / "lnfast").glob("_cpu*.so")) or any((_SRC / "lnfast").glob("_cpu*.pyd")):
     sys.path.insert(0, str(_SRC))
 
+# The frameworks' reference pages, where the framework imports.
+_OPTIONAL = {"reference_torch.md": "lnfast.torch", "reference_jax.md": "lnfast.jax"}
+
+
+def _importable(name):
+    try:
+        __import__(name)
+        return True
+    except ImportError:
+        return False
+
+
 project = "lnfast"
 author = "the lnfast developers"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "numpydoc"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "bench_2core_tables.md"]
+exclude_patterns = ["_build", "bench_2core_tables.md"] + [
+    page for page, module in _OPTIONAL.items() if not _importable(module)]
 myst_heading_anchors = 3
 numpydoc_show_class_members = False
 numpydoc_xref_param_type = False
