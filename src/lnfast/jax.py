@@ -25,6 +25,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from typing import Optional, Union
 
 import numpy as np
 
@@ -304,7 +305,13 @@ def _norm(x, weight, bias, eps, axis, centered):
     return _from_rows(y, x.shape, ax, last)
 
 
-def layer_norm(x, weight=None, bias=None, *, eps=1e-5, axis=-1):
+ArrayLike = Union[jax.Array, np.ndarray]
+Axis = Union[int, tuple[int, ...]]
+
+
+def layer_norm(x: ArrayLike, weight: Optional[ArrayLike] = None,
+               bias: Optional[ArrayLike] = None, *, eps: float = 1e-5,
+               axis: Axis = -1) -> jax.Array:
     """LayerNorm, ``(x - mean) * rstd * weight + bias``, as an XLA custom call.
 
     Works under `jax.jit`, `jax.grad` (reverse mode) and `jax.vmap`.
@@ -338,7 +345,8 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, axis=-1):
     return _norm(x, weight, bias, eps, axis, True)
 
 
-def rms_norm(x, weight=None, *, eps=1e-5, axis=-1):
+def rms_norm(x: ArrayLike, weight: Optional[ArrayLike] = None, *, eps: float = 1e-5,
+             axis: Axis = -1) -> jax.Array:
     """RMSNorm, ``x * rstd * weight``, as an XLA custom call.
 
     Parameters
@@ -366,7 +374,9 @@ def rms_norm(x, weight=None, *, eps=1e-5, axis=-1):
     return _norm(x, weight, None, eps, axis, False)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, *, eps=1e-5, axis=-1):
+def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: Optional[ArrayLike] = None,
+                   bias: Optional[ArrayLike] = None, *, eps: float = 1e-5,
+                   axis: Axis = -1) -> tuple[jax.Array, jax.Array]:
     """The pre-norm residual step in one custom call: ``z = x + residual``,
     ``y = layer_norm(z)``.
 

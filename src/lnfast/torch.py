@@ -16,7 +16,8 @@ which costs less per call than the custom operators' dispatch
 is PyTorch's error for `lnfast::norm_backward`, which has no derivative.
 """
 import math
-from typing import Optional
+from collections.abc import Sequence
+from typing import Optional, Union
 
 import ml_dtypes
 import numpy as np
@@ -283,7 +284,7 @@ def _normalized(x, normalized_shape, params):
         try:
             if isinstance(normalized_shape, (str, bytes)):
                 raise TypeError
-            shape = tuple(int(n) for n in normalized_shape)
+            shape = tuple(int(n) for n in normalized_shape)  # type: ignore[assignment]
         except (TypeError, ValueError):
             raise _TypeError(f"normalized_shape must be an int or a sequence of ints, "
                              f"got {normalized_shape!r}") from None
@@ -327,7 +328,12 @@ def _eps(eps):
         raise _ValueError(str(e)) from None
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+Shape = Union[int, Sequence[int]]
+
+
+def layer_norm(input: torch.Tensor, normalized_shape: Shape,
+               weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+               eps: float = 1e-5) -> torch.Tensor:
     """`torch.nn.functional.layer_norm`, computed by lnfast.
 
     Parameters
@@ -358,7 +364,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return _apply(input, None, weight, bias, k, _eps(eps), True)[0]
 
 
-def rms_norm(input, normalized_shape, weight=None, eps=None):
+def rms_norm(input: torch.Tensor, normalized_shape: Shape,
+             weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> torch.Tensor:
     """`torch.nn.functional.rms_norm`, computed by lnfast.
 
     Parameters
@@ -388,7 +395,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     return _apply(input, None, weight, None, k, eps, False)[0]
 
 
-def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Shape,
+                   weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                   eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """The pre-norm residual step in one pass: ``z = x + residual``,
     ``y = layer_norm(z)``.
 
@@ -440,7 +449,7 @@ class LayerNorm(torch.nn.LayerNorm):
     True
     """
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
@@ -456,12 +465,13 @@ class RMSNorm(torch.nn.RMSNorm):
     torch.Size([2, 8])
     """
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
 def _swapped(m):
     """lnfast's module for m, holding m's own parameters, or None."""
+    new: torch.nn.Module
     if type(m) is torch.nn.LayerNorm:
         new = LayerNorm(m.normalized_shape, m.eps, m.elementwise_affine, bias=m.bias is not None,
                         device="meta")
@@ -475,7 +485,7 @@ def _swapped(m):
     return new
 
 
-def replace_norms(module):
+def replace_norms(module: torch.nn.Module) -> torch.nn.Module:
     """Swap every `torch.nn.LayerNorm` and `torch.nn.RMSNorm` in `module`
     for lnfast's, in place.
 
