@@ -46,7 +46,7 @@ def cpu_section():
             f"`python -m lnfast bench --no-numpy --json benchmarks/results/bench_2core.json`"
             f" on {machine}. \"% copy\": of a parallel copy moving the same bytes, same run; "
             f"the peer is PyTorch's own kernel (`aten.native_layer_norm` and its backward, "
-            f"`rms_norm`). Every dtype and shape: bench_2core_tables.md.\n\n"
+            f"`rms_norm`). Every dtype and shape: [bench_2core_tables.md](bench_2core_tables.md).\n\n"
             + table(["function", "shape", "lnfast ms", "GB/s", "% copy", "PyTorch ms",
                      "lnfast speed-up"], lines) + "\n\n![CPU](performance_summary.png)\n")
 
@@ -66,7 +66,7 @@ def axes_section():
     return (f"## Channels-first and other axes\n\n`python -m lnfast bench --axes --dtypes "
             f"float32 bfloat16 --json benchmarks/results/axes_2core.json` on {machine}. The peer "
             f"is the faster of PyTorch's two ways (permute, copy, normalize and permute back; "
-            f"or `mean`/`var` ops); details in performance_axes.md.\n\n"
+            f"or `mean`/`var` ops); details in [performance_axes.md](performance_axes.md).\n\n"
             + table(["shape", "dtype", "pass", "lnfast ms", "% copy", "faster PyTorch ms",
                      "lnfast speed-up"], lines) + "\n")
 
@@ -86,7 +86,7 @@ def torch_section():
     rows, machine = load("torch_2core")
     lines = against(rows, ("module", "shape", "dtype"), "torch.nn")
     return (f"## PyTorch modules, eager forward + backward\n\n`python -m lnfast bench --torch "
-            f"--json benchmarks/results/torch_2core.json` on {machine}; details in torch.md.\n\n"
+            f"--json benchmarks/results/torch_2core.json` on {machine}; details in [torch.md](torch.md).\n\n"
             + table(["module", "shape", "dtype", "torch.nn ms", "lnfast ms", "speed-up"], lines)
             + "\n")
 
@@ -99,7 +99,7 @@ def dask_section():
             f"{r['rss_before_mib']:.0f}", f"{r['peak_mib']:.0f}"]
            for r in rows if r["group"] == "out of core"]
     return (f"## Dask\n\n`python -m lnfast bench --dask --dask-gib 32 --dask-cluster 2 --json "
-            f"benchmarks/results/dask_2core.json` on {machine}; details in dask.md.\n\n"
+            f"benchmarks/results/dask_2core.json` on {machine}; details in [dask.md](dask.md).\n\n"
             + table(["pass", "shape", "rows per chunk", "whole NumPy array ms", "Dask ms",
                      "Dask / whole"], mem) + "\n\n"
             + table(["out of core", "GiB", "s", "GB/s of x", "MiB before", "MiB at most"], ooc)
@@ -111,7 +111,7 @@ def jax_section():
     lines = against(rows, ("pass", "shape", "dtype"), "jax.numpy")
     return (f"## JAX, jitted\n\n`python -m lnfast bench --jax --json "
             f"benchmarks/results/jax_2core.json` on {machine}; details (and why the float32 "
-            f"8192x1024 forward varies) in jax.md.\n\n"
+            f"8192x1024 forward varies) in [jax.md](jax.md).\n\n"
             + table(["pass", "shape", "dtype", "jax.numpy ms", "lnfast.jax ms", "speed-up"],
                      lines) + "\n")
 
@@ -148,8 +148,9 @@ def main():
     intro = ("# Performance\n\nThe current numbers, one table per group, each from one run "
              "of the command above it on the machine it names (2 vCPUs of an AMD EPYC with "
              "AVX-512 and 24 GiB, a shared virtual machine: medians, and ratios from the same "
-             "run). The full record, with what each change bought, is performance.md; ideas "
-             "measured and dropped are on speed_experiments.md. This page is written by "
+             "run). The full record, with what each change bought, is [performance.md]"
+             "(performance.md); ideas measured and dropped are on [speed_experiments.md]"
+             "(speed_experiments.md). This page is written by "
              "`python benchmarks/summary.py`.\n\n")
     PAGE.write_text(intro + "\n".join(s() for s in (cpu_section, axes_section, torch_section,
                                                       dask_section, jax_section)))

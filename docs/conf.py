@@ -28,7 +28,7 @@ author = "the lnfast developers"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "numpydoc"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "bench_2core_tables.md"] + [
+exclude_patterns = ["_build"] + [
     page for page, module in _OPTIONAL.items() if not _importable(module)]
 myst_heading_anchors = 3
 numpydoc_show_class_members = False

@@ -28,8 +28,8 @@ PARAMS = {
     The row means the forward pass returned (x's shape without the
     normalized axes).""",
     "rstd": """rstd : array
-    The reciprocal standard deviations (RMSNorm: root mean squares) the
-    forward pass returned.""",
+    The reciprocal standard deviations (RMSNorm: reciprocal root mean
+    squares) the forward pass returned.""",
     "stats": """mean, rstd : array
     Per row: x's shape without the normalized axes; float64 for float64
     x, else float32.""",
