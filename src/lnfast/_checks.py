@@ -42,10 +42,10 @@ def array(name, a):
     return a
 
 
-def data(name, a):
+def data(name, a, kind=array):
     """An input holding rows to normalize (x, residual): a float array of at
-    least one axis."""
-    array(name, a)
+    least one axis.  kind: the check of its type (lnfast.jax has its own)."""
+    kind(name, a)
     if a.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {a.dtype}")
     if a.ndim == 0:
@@ -96,12 +96,13 @@ def like(name, a, x, x_name="x"):
     return a
 
 
-def param(name, p, shape, dtype):
+def param(name, p, shape, dtype, kind=array):
     """weight or bias: None, or an array of the normalized axes' shape (a
-    length-D vector for one axis), of x's dtype or float32."""
+    length-D vector for one axis), of x's dtype or float32.  kind: as
+    data's."""
     if p is None:
         return None
-    array(name, p)
+    kind(name, p)
     if p.dtype != dtype and p.dtype != np.float32:
         also = "" if dtype == np.float32 else " or float32"
         raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {p.dtype}")

@@ -84,14 +84,6 @@ def _one_chunk(name, x, ax):
             f"{name}.rechunk({{{spec}}})")
 
 
-def _last(axis):
-    return type(axis) is int and axis == -1
-
-
-def _last_only(axis, ndim):
-    return _last(axis) or _checks.axes(axis, ndim) == (ndim - 1,)
-
-
 # --- one block ------------------------------------------------------------------
 
 def _dense(a, axis):
@@ -99,7 +91,7 @@ def _dense(a, axis):
     give the same bits wherever they lie; over others the layout picks the
     kernel (rows far apart go by tiles), so a view (a block of an array
     chunked along a middle axis) is made C-ordered, as the array is."""
-    if a is None or a.flags.c_contiguous or _last_only(axis, a.ndim):
+    if a is None or a.flags.c_contiguous or _checks.axes(axis, a.ndim) == (a.ndim - 1,):
         return a
     return (_cupy() if _checks.is_cupy(a) else np).ascontiguousarray(a)
 
@@ -108,8 +100,6 @@ def _forward_block(x, residual, weight, bias, *, eps, centered, stats, axis):
     x, residual = _dense(x, axis), _dense(residual, axis)
     with _threads.task_threads():
         kernels = backend("x residual weight bias", x, residual, weight, bias)
-        if _last(axis):
-            return kernels.forward(x, residual, weight, bias, eps, None, centered, stats)
         return _axes.forward(kernels, x, residual, weight, bias, eps, None, centered, stats,
                              axis)
 
@@ -119,12 +109,8 @@ def _backward_block(dy, x, mean, rstd, weight, dz, *, centered, x_name, axis):
     dy, x, dz = _dense(dy, axis), _dense(x, axis), _dense(dz, axis)
     with _threads.task_threads():
         kernels = backend("x dy mean rstd weight dz", x, dy, mean, rstd, weight, dz)
-        if _last(axis):
-            dx, dw, db = kernels.backward(dy, x, mean, rstd, weight, dz, centered, x_name,
-                                          partials=True)
-        else:
-            dx, dw, db = _axes.backward(kernels, dy, x, mean, rstd, weight, dz, centered,
-                                        x_name, axis, partials=True)
+        dx, dw, db = _axes.backward(kernels, dy, x, mean, rstd, weight, dz, centered, x_name,
+                                    axis, partials=True)
     xp = _cupy() if _checks.is_cupy(dx) else np
     return dx, xp.stack((dw, db)) if centered else dw[None]
 

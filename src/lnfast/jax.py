@@ -46,7 +46,6 @@ __all__ = ["add_layer_norm", "layer_norm", "rms_norm"]
 _HERE = pathlib.Path(__file__).parent
 _SOURCE = _HERE / "jax_ffi" / "lnfast_ffi.cc"
 _HEADERS = (_HERE / "cpu" / "lnfast_cpu.h", _HERE / "cpu" / "config.h")
-_DTYPES = frozenset(map(np.dtype, (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)))
 
 
 # --- the handlers: built, loaded and registered once ---------------------------
@@ -150,34 +149,17 @@ _LIB = _register()
 
 # --- checks (at trace time) ------------------------------------------------------
 
-def _data(name, a):
+def _array(name, a):
+    """The type check lnfast._checks' data and param take here: anything
+    with a dtype and a shape (jax.Array, numpy.ndarray, ...)."""
     if not hasattr(a, "dtype") or not hasattr(a, "shape"):
         raise TypeError(f"{name} must be a JAX or NumPy array, got {type(a).__name__}")
-    if np.dtype(a.dtype) not in _DTYPES:
-        raise TypeError(f"{name} must have dtype float32, float64, float16 or bfloat16, "
-                        f"got {a.dtype}")
     return a
-
-
-def _param(name, p, shape, dtype):
-    if p is None:
-        return None
-    if not hasattr(p, "dtype") or not hasattr(p, "shape"):
-        raise TypeError(f"{name} must be a JAX or NumPy array or None, got {type(p).__name__}")
-    if p.dtype != dtype and p.dtype != np.float32:
-        also = "" if dtype == np.float32 else " or float32"
-        raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {p.dtype}")
-    if tuple(p.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape} (the normalized axes'), "
-                         f"got {tuple(p.shape)}")
-    return p
 
 
 def _plan(x, axis):
     """(normalized axes, their shape, whether they are x's last ones)."""
-    _data("x", x)
-    if x.ndim == 0:
-        raise ValueError("x must have at least 1 dimension, got a 0-d array")
+    _checks.data("x", x, _array)
     ax = _checks.axes(axis, x.ndim)
     _checks.normalized("x", x, ax)
     return ax, tuple(x.shape[k] for k in ax), ax == tuple(range(x.ndim - len(ax), x.ndim))
@@ -284,8 +266,8 @@ def _vectors(x, weight, bias, norm, centered):
     gradient rounds the float64 sums once); ones and zeros of the compute
     dtype for None (their gradients are then dropped)."""
     dtype = np.dtype(x.dtype)
-    weight = _param("weight", weight, norm, dtype)
-    bias = _param("bias", bias, norm, dtype) if centered else None
+    weight = _checks.param("weight", weight, norm, dtype, _array)
+    bias = _checks.param("bias", bias, norm, dtype, _array) if centered else None
     D = int(np.prod(norm))
     ct = _checks.compute_dtype(dtype)
 
@@ -405,7 +387,7 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: Optional[ArrayLike
     array([[2., 3., 4., 5.]], dtype=float32)
     """
     ax, norm, last = _plan(x, axis)
-    _data("residual", residual)
+    _checks.data("residual", residual, _array)
     if residual.dtype != x.dtype or tuple(residual.shape) != tuple(x.shape):
         raise ValueError(f"residual must have x's shape and dtype ({tuple(x.shape)}, "
                          f"{x.dtype}), got ({tuple(residual.shape)}, {residual.dtype})")

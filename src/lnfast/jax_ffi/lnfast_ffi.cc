@@ -48,9 +48,10 @@ int lnf_type(ffi::DataType t)
 
 ptrdiff_t itemsize(int t) { return t == LNF_FLOAT64 ? 8 : t == LNF_FLOAT32 ? 4 : 2; }
 
-// `rows` rows of D elements from row `first` of buffer b, C-ordered.
+// `rows` rows of D elements from row `first` of buffer b, C-ordered (ndim 1:
+// row `first` alone, as a vector).
 ffi::Error describe(lnf_array *a, const ffi::AnyBuffer &b, int64_t first, int64_t rows,
-                    int64_t D, const char *name)
+                    int64_t D, const char *name, int ndim = 2)
 {
     int t = lnf_type(b.element_type());
     if (t < 0)
@@ -58,7 +59,7 @@ ffi::Error describe(lnf_array *a, const ffi::AnyBuffer &b, int64_t first, int64_
     ptrdiff_t shape[2] = {(ptrdiff_t)rows, (ptrdiff_t)D};
     ptrdiff_t strides[2] = {(ptrdiff_t)D * itemsize(t), itemsize(t)};
     char *base = (char *)b.untyped_data() + first * D * itemsize(t);
-    if (array_init(a, base, t, 2, shape, strides) != LNF_OK)
+    if (array_init(a, base, t, ndim, shape + 2 - ndim, strides + 2 - ndim) != LNF_OK)
         return ffi::Error::InvalidArgument(std::string("lnfast: cannot describe ") + name);
     return ffi::Error::Success();
 }
@@ -66,14 +67,7 @@ ffi::Error describe(lnf_array *a, const ffi::AnyBuffer &b, int64_t first, int64_
 // Vector k (of D elements) of weight or bias: one per batch.
 ffi::Error vector(lnf_array *a, const ffi::AnyBuffer &b, int64_t k, int64_t D, const char *name)
 {
-    int t = lnf_type(b.element_type());
-    if (t < 0)
-        return ffi::Error::InvalidArgument(std::string("lnfast: unsupported dtype of ") + name);
-    ptrdiff_t shape[1] = {(ptrdiff_t)D}, strides[1] = {itemsize(t)};
-    char *base = (char *)b.untyped_data() + k * D * itemsize(t);
-    if (array_init(a, base, t, 1, shape, strides) != LNF_OK)
-        return ffi::Error::InvalidArgument(std::string("lnfast: cannot describe ") + name);
-    return ffi::Error::Success();
+    return describe(a, b, k, 1, D, name, 1);
 }
 
 // XLA hands out a fresh buffer for each large output, which the first
