@@ -1,4 +1,4 @@
-"""Long backward rows summed by column blocks (docs/performance.md, "Long
+"""Long backward rows summed by column blocks (docs/performance_cpu.md, "Long
 rows shared by the threads").  Where a row's working set in the backward
 sweep outgrows one core's L2, the threads share each row's columns, block by
 block, with a barrier per row.  Each block's sums are added in block order,

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import lnfast
 
 
@@ -57,6 +59,33 @@ def test_bench_runs_a_lesser_instruction_set(tmp_path):
     assert json.loads(path.read_text())["machine"]["sweeps"] == "baseline"
     p = run("bench", "--isa", "avx1024")
     assert p.returncode == 2 and "--isa" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_bench_peers_time_onnxruntime_and_xla(tmp_path):
+    # --peers: onnxruntime's operators (forward only) and XLA's jitted
+    # jax.numpy functions (forward and backward) beside lnfast, same run
+    for name in ("onnx", "onnxruntime", "jax"):
+        pytest.importorskip(name)
+    path = tmp_path / "bench.json"
+    p = run("bench", "--quick", "--no-numpy", "--peers", "--shapes", "64x256", "--dtypes",
+            "float32", "float64", "--repeat", "3", "--json", str(path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "onnxruntime ms" in p.stdout and "xla ms" in p.stdout
+    data = json.loads(path.read_text())
+    machine = data["machine"]
+    assert machine["onnxruntime"] and machine["jax"] and machine["processor"]
+    impls = {(r["function"], r["impl"], r["dtype"]) for r in data["results"]}
+    for dtype in ("float32", "float64"):
+        for f in ("layer_norm", "rms_norm"):
+            assert (f"{f} forward", "onnxruntime", dtype) in impls
+            assert (f"{f} forward", "xla", dtype) in impls
+            assert (f"{f} backward", "xla", dtype) in impls
+            assert (f"{f} backward", "onnxruntime", dtype) not in impls
+        assert ("add_layer_norm backward", "xla", dtype) in impls
+    # onnxruntime's fused add has no float64 kernel: left out, not an error
+    assert ("add_layer_norm forward", "onnxruntime", "float32") in impls
+    assert ("add_layer_norm forward", "onnxruntime", "float64") not in impls
+    assert all(r["ms"] > 0 for r in data["results"])
 
 
 def test_bench_rejects_a_bad_shape():

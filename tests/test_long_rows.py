@@ -1,6 +1,6 @@
 """Long rows: float32 and float64 outputs with rows of 64 KiB or more (and 8
 MiB or more in all) are written with streaming stores, which bypass the
-caches (docs/performance.md).  They hold the same bits as rows written
+caches (docs/performance_cpu.md).  They hold the same bits as rows written
 through the cache: rows are computed independently, so the rows of a short
 call (below the size that streams) must match those of the long call."""
 import numpy as np

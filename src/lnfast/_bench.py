@@ -43,6 +43,9 @@ def add_arguments(p):
     p.add_argument("--functions", nargs="+", choices=["layer_norm", "add_layer_norm", "rms_norm"],
                    help="default: all")
     p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
+    p.add_argument("--peers", action="store_true",
+                   help="also onnxruntime's and XLA's (jax.jit) LayerNorm and RMSNorm, where "
+                        "installed, each case after a pause for the thread pools to settle")
     p.add_argument("--json", metavar="PATH", type=_new_file, help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", type=_new_file,
                    help="write a PNG plot (needs matplotlib)")
@@ -302,9 +305,16 @@ def run(args):
         w, b = (rng.standard_normal(D, np.float32).astype(dt) for _ in range(2))
         copy_gbs = {k: _copy_gbs(x, k, threads, repeat, budget)
                     for k in sorted(set(TRAFFIC.values()))}
-        for (func, impl), fn in _cases(torch, x, r, w, b, dy, not args.no_numpy).items():
+        cases = _cases(torch, x, r, w, b, dy, not args.no_numpy)
+        if args.peers:
+            from lnfast import _bench_peers
+
+            cases.update(_bench_peers.cases(x, r, w, b, dy, threads))
+        for (func, impl), fn in cases.items():
             if args.functions and func.split()[0] not in args.functions:
                 continue
+            if args.peers:          # (no runtime's pool still spinning from the case before)
+                time.sleep(0.2)
             nbytes = TRAFFIC[func] * x.nbytes
             sec = _median_seconds(fn, repeat, budget)
             results.append({
@@ -324,11 +334,26 @@ def run(args):
     return 0
 
 
+def _cpu_model():
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def _machine(threads, torch):
     return {
-        "platform": platform.platform(), "processor": platform.processor(),
+        "platform": platform.platform(), "processor": _cpu_model(),
+        "cpus": os.cpu_count(),
         "threads": threads, "lnfast": lnfast.__version__, "numpy": np.__version__,
         "torch": torch.__version__ if torch else None,
+        **{name: sys.modules[name].__version__ for name in ("onnxruntime", "jax", "dask")
+           if name in sys.modules},
     }
 
 

@@ -2,7 +2,9 @@
 
 - In memory: LayerNorm of a float32 65536x768 array in 8192-row chunks on
   Dask's threaded scheduler (results persisted), forward and forward plus
-  backward, against lnfast on the whole NumPy array, same run.
+  backward, against lnfast on the whole NumPy array and a parallel copy
+  of x (forward moves 2 x.nbytes, with the backward 5: "% copy"), same
+  run.
 - `--dask-gib N`: out of core, N GiB of float32 rows of 768 generated
   block by block (never all in memory), LayerNorm forward and backward
   reduced to dweight, dbias and float64 checksums of y and dx; wall time,
@@ -19,7 +21,7 @@ import time
 import numpy as np
 
 import lnfast
-from lnfast._bench import _median_seconds
+from lnfast._bench import _copy_gbs, _median_seconds
 
 ROWS, D, CHUNK = 65536, 768, 8192
 
@@ -62,12 +64,14 @@ def _in_memory(dask, da, args, threads):
               lambda: lnfast.layer_norm(X, w, b).persist(scheduler="threads")),
              ("forward + backward", whole_step, dask_step)]
     out = []
-    for name, whole, chunked in cases:
+    for (name, whole, chunked), traffic in zip(cases, (2, 5)):
+        copy = _copy_gbs(x, 2, threads, repeat, 2.0)
         t_whole = _median_seconds(whole, repeat, 2.0)
         t_dask = _median_seconds(chunked, repeat, 2.0)
         out.append({"group": "in memory", "pass": name, "shape": f"{rows_n}x{D}",
                     "chunks": X.chunksize[0], "whole_ms": t_whole * 1e3,
-                    "dask_ms": t_dask * 1e3, "ratio": t_dask / t_whole})
+                    "dask_ms": t_dask * 1e3, "ratio": t_dask / t_whole,
+                    "copy_gbs": copy, "dask_gbs": traffic * x.nbytes / t_dask / 1e9})
     return out
 
 
@@ -149,12 +153,14 @@ def _out_of_core(dask, da, gib, workers):
 
 def _print(rows, threads):
     print(f"Dask, LayerNorm float32 rows of {D}, {threads} thread(s)")
-    print("| pass | shape | rows per chunk | whole NumPy array ms | Dask ms | Dask / whole |")
-    print("|---|---|---|---|---|---|")
+    print("| pass | shape | rows per chunk | whole NumPy array ms | Dask ms | Dask % copy "
+          "| Dask / whole |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         if r["group"] == "in memory":
             print(f"| {r['pass']} | {r['shape']} | {r['chunks']} | {r['whole_ms']:.2f} "
-                  f"| {r['dask_ms']:.2f} | {r['ratio']:.2f} |")
+                  f"| {r['dask_ms']:.2f} | {100 * r['dask_gbs'] / r['copy_gbs']:.0f} "
+                  f"| {r['ratio']:.2f} |")
     for r in rows:
         if r["group"] == "out of core":
             print(f"out of core ({r['where']}): {r['gib']:.1f} GiB of x in chunks of "

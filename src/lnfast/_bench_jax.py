@@ -1,6 +1,8 @@
 """`python -m lnfast bench --jax`: lnfast.jax against LayerNorm written in
 jax.numpy, both under jax.jit on the CPU, forward and forward plus
-backward (`jax.vjp` of the function, every gradient), same run.  Each
+backward (`jax.vjp` of the function, every gradient), same run, with
+the bytes a perfect kernel moves (forward 2 x.nbytes, with the backward
+5) over a parallel copy of x timed just before ("% copy").  Each
 case runs after a pause, so that neither thread pool (XLA's, OpenMP's)
 is still spinning from the one before."""
 import sys
@@ -8,7 +10,7 @@ import time
 
 import numpy as np
 
-from lnfast._bench import _median_seconds
+from lnfast._bench import _copy_gbs, _median_seconds
 
 SHAPES = ["8192x1024", "256x1024", "32x768"]
 QUICK = ["256x1024", "32x768"]
@@ -40,17 +42,19 @@ def run(args, threads):
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
             dt = getattr(jnp, dname)
             x, dy = (jnp.asarray(rng.standard_normal((M, D), np.float32), dt) for _ in range(2))
+            copy = _copy_gbs(np.asarray(x).view(np.uint8), 2, threads, repeat, budget)
             w, b = (jnp.asarray(rng.standard_normal(D, np.float32)) for _ in range(2))
             for impl, fn in (("jax.numpy", jnp_layer_norm), ("lnfast", lj.layer_norm)):
                 forward = jax.jit(fn)
                 both = jax.jit(lambda x, w, b, dy, fn=fn: jax.vjp(fn, x, w, b)[1](dy))
-                for name, f, a in (("forward", forward, (x, w, b)),
-                                   ("forward + backward", both, (x, w, b, dy))):
+                for name, f, a, traffic in (("forward", forward, (x, w, b), 2),
+                                            ("forward + backward", both, (x, w, b, dy), 5)):
                     jax.block_until_ready(f(*a))        # (compiled here)
                     time.sleep(0.2)
                     sec = _median_seconds(lambda: jax.block_until_ready(f(*a)), repeat, budget)
                     rows.append({"pass": name, "shape": shape, "dtype": dname, "impl": impl,
-                                 "ms": sec * 1e3})
+                                 "ms": sec * 1e3, "gbs": traffic * x.nbytes / sec / 1e9,
+                                 "copy_gbs": copy})
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     _print(rows, threads, jax)
     return rows
@@ -58,11 +62,11 @@ def run(args, threads):
 
 def _print(rows, threads, jax):
     print(f"JAX {jax.__version__}, jax.jit on the CPU; lnfast {threads} thread(s)")
-    print("| pass | shape | dtype | jax.numpy ms | lnfast.jax ms | speed-up |")
-    print("|---|---|---|---|---|---|")
+    print("| pass | shape | dtype | jax.numpy ms | lnfast.jax ms | % copy | speed-up |")
+    print("|---|---|---|---|---|---|---|")
     ref = {(r["pass"], r["shape"], r["dtype"]): r["ms"] for r in rows if r["impl"] == "jax.numpy"}
     for r in rows:
         if r["impl"] == "lnfast":
             base = ref[(r["pass"], r["shape"], r["dtype"])]
             print(f"| {r['pass']} | {r['shape']} | {r['dtype']} | {base:.3f} | {r['ms']:.3f} "
-                  f"| {base / r['ms']:.2f}x |")
+                  f"| {100 * r['gbs'] / r['copy_gbs']:.0f} | {base / r['ms']:.2f}x |")

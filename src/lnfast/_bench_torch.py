@@ -6,13 +6,14 @@ Module rows time forward plus backward of `LayerNorm`/`RMSNorm` over an
 (M, D) tensor, `torch.autograd.grad(module(x), (x, weight, bias), dy)`
 with a random dy (no gradients accumulated into `.grad`); "GB/s" counts
 the bytes a perfect pair of kernels moves (x in, y out; x and dy in, dx
-out: 5 x.nbytes).  The block is width 768, sequence
+out: 5 x.nbytes), and "% copy" is that over a parallel copy of x timed
+just before (the copy floor, as in the other groups).  The block is width 768, sequence
 256, batch 8, float32: attention, an MLP and two LayerNorms, forward,
 backward and an SGD step.
 """
 import sys
 
-from lnfast._bench import _median_seconds
+from lnfast._bench import _copy_gbs, _median_seconds
 
 SHAPES = ["8192x1024", "256x1024", "32x768", "1x768"]
 QUICK = ["256x1024", "1x768"]
@@ -54,6 +55,7 @@ def run(args, torch, threads):
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
             x = torch.randn(M, D, dtype=dt, requires_grad=True)
             dy = torch.randn(M, D, dtype=dt)
+            copy = _copy_gbs(x.detach().view(torch.uint8).numpy(), 2, threads, repeat, budget)
             for kind in ("LayerNorm", "RMSNorm"):
                 ref = getattr(torch.nn, kind)(D, dtype=dt)
                 for impl, m in (("torch.nn", ref), ("lnfast", getattr(lt, kind)(D, dtype=dt))):
@@ -62,7 +64,7 @@ def run(args, torch, threads):
                     sec = _median_seconds(step, repeat, budget)
                     rows.append({"group": "module", "module": kind, "shape": shape,
                                  "dtype": dname, "impl": impl, "ms": sec * 1e3,
-                                 "gbs": 5 * x.nbytes / sec / 1e9})
+                                 "gbs": 5 * x.nbytes / sec / 1e9, "copy_gbs": copy})
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     rows += _training_step(torch, lt, args.quick, repeat, budget)
     _print(rows, threads)
@@ -87,17 +89,17 @@ def _training_step(torch, lt, quick, repeat, budget):
         sec = _median_seconds(step, repeat, budget)
         rows.append({"group": "training step", "module": "pre-norm block",
                      "shape": "x".join(map(str, x.shape)), "dtype": "float32", "impl": impl,
-                     "ms": sec * 1e3, "gbs": None})
+                     "ms": sec * 1e3, "gbs": None, "copy_gbs": None})
     return rows
 
 
 def _print(rows, threads):
     print(f"PyTorch eager, forward + backward, {threads} thread(s)")
-    print("| module | shape | dtype | impl | ms | GB/s | lnfast speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    print("| module | shape | dtype | impl | ms | GB/s | % copy | lnfast speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
     ref = {(r["module"], r["shape"], r["dtype"]): r["ms"] for r in rows if r["impl"] == "torch.nn"}
     for r in rows:
-        gbs = "" if r["gbs"] is None else f"{r['gbs']:.1f}"
+        gbs = "" if r["gbs"] is None else f"{r['gbs']:.1f} | {100 * r['gbs'] / r['copy_gbs']:.0f}"
         up = ref[(r["module"], r["shape"], r["dtype"])] / r["ms"] if r["impl"] == "lnfast" else 1
         print(f"| {r['module']} | {r['shape']} | {r['dtype']} | {r['impl']} | {r['ms']:.3f} "
-              f"| {gbs} | {up:.2f}x |")
+              f"| {gbs or ' | '} | {up:.2f}x |")
