@@ -50,7 +50,9 @@ def cpu_section():
                          + [f"{p['ms'] / me['ms']:.1f}x" if p else "" for p in peers])
     return (f"## CPU: LayerNorm, the fused add, RMSNorm (float32)\n\n"
             f"`python -m lnfast bench --peers --dtypes float32 --json "
-            f"benchmarks/results/peers_2core.json` on {machine}. \"% copy\": of a parallel copy "
+            f"benchmarks/results/peers_2core.json` on {machine}: each case timed in 3 rounds, "
+            f"by turns with the other cases and the copy, its time the median of the rounds'. "
+            f"\"% copy\": of a parallel copy "
             f"moving the same bytes, same run. The peers, each as its users call it: PyTorch's own "
             f"kernels (`aten.native_layer_norm` and its backward, `rms_norm`, the add as a "
             f"separate op); onnxruntime's LayerNormalization, RMSNormalization and fused "

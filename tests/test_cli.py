@@ -31,7 +31,7 @@ def test_check_passes():
 def test_bench_prints_a_table_and_writes_json(tmp_path):
     path = tmp_path / "bench.json"
     p = run("bench", "--quick", "--shapes", "64x256", "--dtypes", "float32",
-            "--repeat", "3", "--json", str(path))
+            "--repeat", "3", "--rounds", "2", "--json", str(path))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "layer_norm forward, float32" in p.stdout
     assert "layer_norm backward, float32" in p.stdout
@@ -96,7 +96,8 @@ def test_bench_rejects_a_bad_shape():
 
 def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
     for option, value in (("--threads", "0"), ("--threads", "2000"), ("--repeat", "0"),
-                          ("--repeat", "-1"), ("--json", str(tmp_path / "no" / "x.json")),
+                          ("--repeat", "-1"), ("--rounds", "0"),
+                          ("--json", str(tmp_path / "no" / "x.json")),
                           ("--plot", str(tmp_path / "no" / "x.png"))):
         p = run("bench", option, value)
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr

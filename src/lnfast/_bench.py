@@ -7,6 +7,11 @@ parallel memcpy of x on the same threads, read plus write ("% copy"); a
 second copy moves as many bytes as the kernel must ("% same"), so that both
 touch the same amount of memory: a kernel touching three or four arrays may
 spill from a cache that holds a copy of x.
+
+Each shape is timed in rounds (`--rounds`): every round times each case,
+and the copies, in turn, and a case's time is the median of its rounds'
+medians, so that a noisy spell of a shared machine falls on every case
+alike rather than on the few timed during it.
 """
 import argparse
 import json
@@ -40,6 +45,9 @@ def add_arguments(p):
     p.add_argument("--threads", type=_thread_count, default=None,
                    help="lnfast and torch threads")
     p.add_argument("--repeat", type=_positive, default=None, help="timed calls per case")
+    p.add_argument("--rounds", type=_positive, default=None,
+                   help="CPU group: rounds per shape, each timing every case (and the copy) in "
+                        "turn; a case's time is the median of its rounds' (default 3, --quick 1)")
     p.add_argument("--functions", nargs="+", choices=["layer_norm", "add_layer_norm", "rms_norm"],
                    help="default: all")
     p.add_argument("--no-numpy", action="store_true", help="skip the (slow) NumPy baseline")
@@ -131,12 +139,18 @@ def _median_seconds(fn, repeat, budget):
     return float(np.median(times))
 
 
-def _copy_gbs(x, traffic, threads, repeat, budget):
-    """GB/s of a parallel copy moving `traffic` times x.nbytes, read plus write."""
+def _copy(x, traffic, threads):
+    """(a parallel copy moving `traffic` times x.nbytes, read plus write;
+    the bytes it moves)."""
     src = x if traffic == 2 else np.ones(traffic * x.nbytes // 2, np.uint8)
     dst = np.empty_like(src)
-    sec = _median_seconds(lambda: _cpu.parallel_copy(src, dst, threads), repeat, budget)
-    return 2 * src.nbytes / sec / 1e9
+    return (lambda: _cpu.parallel_copy(src, dst, threads)), 2 * src.nbytes
+
+
+def _copy_gbs(x, traffic, threads, repeat, budget):
+    """GB/s of a parallel copy moving `traffic` times x.nbytes."""
+    fn, nbytes = _copy(x, traffic, threads)
+    return nbytes / _median_seconds(fn, repeat, budget) / 1e9
 
 
 def _peak_bytes(fn):
@@ -263,6 +277,8 @@ def run(args):
     shapes = [_shape(s) for s in (args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES))]
     repeat = args.repeat or (5 if args.quick else 21)
     budget = 0.5 if args.quick else 1.5
+    rounds = args.rounds or (1 if args.quick else 3)
+    per_round = max(3, -(-repeat // rounds))
     if args.threads is not None:
         lnfast.set_num_threads(args.threads)
     threads = get_num_threads()
@@ -303,20 +319,27 @@ def run(args):
         dt = DTYPES[dtype]
         x, dy, r = (rng.standard_normal((M, D), np.float32).astype(dt) for _ in range(3))
         w, b = (rng.standard_normal(D, np.float32).astype(dt) for _ in range(2))
-        copy_gbs = {k: _copy_gbs(x, k, threads, repeat, budget)
-                    for k in sorted(set(TRAFFIC.values()))}
+        copies = {k: _copy(x, k, threads) for k in sorted(set(TRAFFIC.values()))}
         cases = _cases(torch, x, r, w, b, dy, not args.no_numpy)
         if args.peers:
             from lnfast import _bench_peers
 
             cases.update(_bench_peers.cases(x, r, w, b, dy, threads))
+        cases = {key: fn for key, fn in cases.items()
+                 if not args.functions or key[0].split()[0] in args.functions}
+        times = {key: [] for key in [*copies, *cases]}
+        for _ in range(rounds):     # (a noisy spell of a shared machine touches every case)
+            for k, (fn, _) in copies.items():
+                times[k].append(_median_seconds(fn, per_round, budget / rounds))
+            for key, fn in cases.items():
+                if args.peers:      # (no runtime's pool still spinning from the case before)
+                    time.sleep(0.2)
+                times[key].append(_median_seconds(fn, per_round, budget / rounds))
+        copy_gbs = {k: nbytes / float(np.median(times[k])) / 1e9
+                    for k, (_, nbytes) in copies.items()}
         for (func, impl), fn in cases.items():
-            if args.functions and func.split()[0] not in args.functions:
-                continue
-            if args.peers:          # (no runtime's pool still spinning from the case before)
-                time.sleep(0.2)
             nbytes = TRAFFIC[func] * x.nbytes
-            sec = _median_seconds(fn, repeat, budget)
+            sec = float(np.median(times[(func, impl)]))
             results.append({
                 "function": func, "impl": impl, "dtype": dtype,
                 "M": M, "D": D, "ms": sec * 1e3, "gbs": nbytes / sec / 1e9,
