@@ -9,24 +9,28 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "performance.md"
 PLOT = ROOT / "docs" / "performance.png"
-CPU_SHAPES = [(8192, 1024), (65536, 768), (4096, 4096), (256, 1024), (32, 768)]
+CPU_SHAPES = [(8192, 1024), (65536, 768), (4096, 4096), (1024, 65536), (256, 1024),
+              (32, 768), (1, 768)]
 FUNCTIONS = ["layer_norm forward", "layer_norm backward", "add_layer_norm forward",
              "add_layer_norm backward", "rms_norm forward", "rms_norm backward"]
-
-
-PEERS = [("torch", "PyTorch"), ("onnxruntime", "onnxruntime"), ("xla", "XLA"),
-         ("numpy", "NumPy")]
+# The CPU group's implementations: name in the results, label, plot colour.
+IMPLS = [("lnfast", "lnfast", "tab:blue"), ("torch", "PyTorch", "tab:orange"),
+         ("onnxruntime", "onnxruntime", "tab:green"), ("xla", "XLA", "tab:red"),
+         ("numpy", "NumPy", "tab:gray")]
+PEERS = IMPLS[1:]
 VERSIONS = [("numpy", "NumPy"), ("torch", "PyTorch"), ("onnxruntime", "onnxruntime"),
             ("jax", "JAX"), ("dask", "Dask")]
+CLOSE = 1.1         # a peer within this factor of lnfast's time is named under the table
 
 
 def load(name):
+    """(results, the machine in words, the machine's record) of one JSON file."""
     data = json.loads((RESULTS / f"{name}.json").read_text())
     m = data["machine"]
     cpu = f"{m['processor']} ({m['cpus']} CPUs), " if m.get("processor") else ""
     machine = (f"{cpu}{m['platform']}, {m['threads']} threads"
                + "".join(f", {label} {m[k]}" for k, label in VERSIONS if m.get(k)))
-    return data["results"], machine
+    return data["results"], machine, m
 
 
 def table(head, rows):
@@ -35,39 +39,55 @@ def table(head, rows):
     return "\n".join(out)
 
 
+def cpu_results():
+    """{(function, implementation, M, D): row} of the float32 CPU run, and
+    the machine."""
+    rows, machine, m = load("peers_2core")
+    pick = {(r["function"], r["impl"], r["M"], r["D"]): r for r in rows
+            if r["dtype"] == "float32"}
+    return pick, machine, m
+
+
+def pct(r, copy="copy_gbs"):
+    return f"{100 * r['gbs'] / r[copy]:.0f}"
+
+
 def cpu_section():
-    rows, machine = load("peers_2core")
-    pick = {(r["function"], r["impl"], r["M"], r["D"]): r for r in rows}
-    lines = []
+    pick, machine, _ = cpu_results()
+    lines, close = [], []
     for f in FUNCTIONS:
         for M, D in CPU_SHAPES:
             me = pick.get((f, "lnfast", M, D))
             if me is None:
                 continue
-            peers = [pick.get((f, impl, M, D)) for impl, _ in PEERS]
-            lines.append([f, f"{M}x{D}", f"{me['ms']:.4g}", f"{me['gbs']:.1f}",
-                          f"{100 * me['gbs'] / me['same_copy_gbs']:.0f}"]
-                         + [f"{p['ms'] / me['ms']:.1f}x" if p else "" for p in peers])
+            peers = [(label, pick.get((f, impl, M, D))) for impl, label, _ in PEERS]
+            lines.append([f, f"{M}x{D}", f"{me['ms']:.4g}", f"{me['gbs']:.1f}", pct(me),
+                          pct(me, "same_copy_gbs")]
+                         + [f"{p['ms'] / me['ms']:.1f}x" if p else "" for _, p in peers])
+            close += [f"{label} at {f} {M}x{D} ({p['ms'] / me['ms']:.2f}x)"
+                      for label, p in peers if p and p["ms"] / me["ms"] < CLOSE]
     return (f"## CPU: LayerNorm, the fused add, RMSNorm (float32)\n\n"
             f"`python -m lnfast bench --peers --dtypes float32 --json "
             f"benchmarks/results/peers_2core.json` on {machine}: each case timed in 3 rounds, "
-            f"by turns with the other cases and the copy, its time the median of the rounds'. "
-            f"\"% copy\": of a parallel copy "
-            f"moving the same bytes, same run. The peers, each as its users call it: PyTorch's own "
-            f"kernels (`aten.native_layer_norm` and its backward, `rms_norm`, the add as a "
-            f"separate op); onnxruntime's LayerNormalization, RMSNormalization and fused "
+            f"by turns with the other cases and the copies, its time the median of the "
+            f"rounds'. The peers, each as its users call it: PyTorch's own kernels "
+            f"(`aten.native_layer_norm` and its backward, `rms_norm`, the add as a separate "
+            f"op); onnxruntime's LayerNormalization, RMSNormalization and fused "
             f"SkipLayerNormalization operators (forward only: an inference runtime); XLA "
-            f"compiling the functions written in `jax.numpy` under `jax.jit` (backward: "
-            f"`jax.vjp`); NumPy written out in its own ops. \"x\": the peer's time over "
-            f"lnfast's (above 1: lnfast is faster). Every dtype and shape, against PyTorch: "
+            f"compiling the NumPy column's code, written over `jax.numpy`, under `jax.jit` "
+            f"(the backward from x, dy and the forward's mean and rstd, as lnfast's); NumPy "
+            f"in its own ops. \"x\": the peer's time over lnfast's (above 1: lnfast is "
+            f"faster). Where a peer comes within {CLOSE:g}x of lnfast or ahead of it: "
+            + ("; ".join(close) or "nowhere") + ". All four dtypes, against PyTorch, from "
+            f"another run on an Intel Xeon with a larger cache: "
             f"[bench_2core_tables.md](bench_2core_tables.md).\n\n"
-            + table(["function", "shape", "lnfast ms", "GB/s", "% copy"]
-                    + [f"{label} x" for _, label in PEERS], lines)
+            + table(["function", "shape", "lnfast ms", "GB/s", "% copy", "% same"]
+                    + [f"{label} x" for _, label, _ in PEERS], lines)
             + "\n\n![CPU](performance.png)\n")
 
 
 def axes_section():
-    rows, machine = load("axes_2core")
+    rows, machine, _ = load("axes_2core")
     by = {(r["shape"], r["dtype"], r["direction"], r["impl"]): r for r in rows}
     lines = []
     for (shape, dtype, direction, impl), r in by.items():
@@ -76,8 +96,7 @@ def axes_section():
         peers = [by.get((shape, dtype, direction, p)) for p in ("torch permute", "torch mean/var")]
         best = min((p["ms"] for p in peers if p), default=None)
         lines.append([f"{shape} axis {tuple(r['axis'])}", dtype, direction, f"{r['ms']:.3f}",
-                      f"{100 * r['gbs'] / r['copy_gbs']:.0f}",
-                      f"{best:.3f}" if best else "", f"{best / r['ms']:.1f}x" if best else ""])
+                      pct(r), f"{best:.3f}" if best else "", f"{best / r['ms']:.1f}x" if best else ""])
     return (f"## Channels-first and other axes\n\n`python -m lnfast bench --axes --dtypes "
             f"float32 bfloat16 --json benchmarks/results/axes_2core.json` on {machine}. The peer "
             f"is the faster of PyTorch's two ways (permute, copy, normalize and permute back; "
@@ -94,24 +113,25 @@ def against(rows, case, peer):
     for r in rows:
         if r["impl"] == "lnfast":
             key = tuple(r[k] for k in case)
-            copy = f"{100 * r['gbs'] / r['copy_gbs']:.0f}" if r.get("copy_gbs") else ""
+            copy = pct(r) if r.get("copy_gbs") else ""
             out.append([*key, f"{ref[key]:.3f}", f"{r['ms']:.3f}", copy,
                         f"{ref[key] / r['ms']:.2f}x"])
     return out
 
 
 def torch_section():
-    rows, machine = load("torch_2core")
+    rows, machine, _ = load("torch_2core")
     lines = against(rows, ("module", "shape", "dtype"), "torch.nn")
     return (f"## PyTorch modules, eager forward + backward\n\n`python -m lnfast bench --torch "
-            f"--json benchmarks/results/torch_2core.json` on {machine}; details in [torch.md](torch.md).\n\n"
+            f"--json benchmarks/results/torch_2core.json` on {machine}; details, and how the small shapes "
+            f"move from run to run, in [torch.md](torch.md).\n\n"
             + table(["module", "shape", "dtype", "torch.nn ms", "lnfast ms", "lnfast % copy",
                      "speed-up"], lines)
             + "\n")
 
 
 def dask_section():
-    rows, machine = load("dask_2core")
+    rows, machine, _ = load("dask_2core")
     mem = [[r["pass"], r["shape"], r["chunks"], f"{r['whole_ms']:.2f}", f"{r['dask_ms']:.2f}",
             f"{100 * r['dask_gbs'] / r['copy_gbs']:.0f}", f"{r['ratio']:.2f}"]
            for r in rows if r["group"] == "in memory"]
@@ -119,7 +139,8 @@ def dask_section():
             f"{r['rss_before_mib']:.0f}", f"{r['peak_mib']:.0f}"]
            for r in rows if r["group"] == "out of core"]
     return (f"## Dask\n\n`python -m lnfast bench --dask --dask-gib 32 --dask-cluster 2 --json "
-            f"benchmarks/results/dask_2core.json` on {machine}; details in [dask.md](dask.md).\n\n"
+            f"benchmarks/results/dask_2core.json` on {machine}; details, and how the ratios move from "
+            f"run to run, in [dask.md](dask.md).\n\n"
             + table(["pass", "shape", "rows per chunk", "whole NumPy array ms", "Dask ms",
                      "Dask % copy", "Dask / whole"], mem) + "\n\n"
             + table(["out of core", "GiB", "s", "GB/s of x", "MiB before", "MiB at most"], ooc)
@@ -127,7 +148,7 @@ def dask_section():
 
 
 def jax_section():
-    rows, machine = load("jax_2core")
+    rows, machine, _ = load("jax_2core")
     lines = against(rows, ("pass", "shape", "dtype"), "jax.numpy")
     return (f"## JAX, jitted\n\n`python -m lnfast bench --jax --json "
             f"benchmarks/results/jax_2core.json` on {machine}; details (and why the float32 "
@@ -137,22 +158,18 @@ def jax_section():
 
 
 def plot():
-    """Bars of % of the copy floor per shape, lnfast and its peers side by
-    side, LayerNorm forward and backward (float32)."""
+    """Bars of % of a copy of the same bytes per shape, lnfast and its peers
+    side by side, LayerNorm forward and backward (float32)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, _ = load("peers_2core")
-    pick = {(r["function"], r["impl"], r["M"], r["D"]): r for r in rows}
-    impls = [("lnfast", "lnfast", "tab:blue"), ("torch", "PyTorch", "tab:orange"),
-             ("onnxruntime", "onnxruntime", "tab:green"), ("xla", "XLA", "tab:red"),
-             ("numpy", "NumPy", "tab:gray")]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    pick, _, m = cpu_results()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharey=True)
     for ax, f in zip(axes, ("layer_norm forward", "layer_norm backward")):
         shapes = [s for s in CPU_SHAPES if (f, "lnfast", *s) in pick]
-        present = [i for i in impls if any((f, i[0], *s) in pick for s in shapes)]
+        present = [i for i in IMPLS if any((f, i[0], *s) in pick for s in shapes)]
         width = 0.8 / len(present)
         for k, (impl, label, color) in enumerate(present):
             vals = [100 * pick[(f, impl, *s)]["gbs"] / pick[(f, impl, *s)]["same_copy_gbs"]
@@ -160,12 +177,12 @@ def plot():
             ax.bar([x + (k - (len(present) - 1) / 2) * width for x in range(len(shapes))],
                    vals, width, color=color, label=label)
         ax.axhline(100, color="black", lw=1, ls="--")
-        ax.set_xticks(range(len(shapes)), [f"{M}x{D}" for M, D in shapes])
+        ax.set_xticks(range(len(shapes)), [f"{M}x{D}" for M, D in shapes], rotation=25,
+                      fontsize=8)
         ax.set_title(f"LayerNorm {f.split()[1]}, float32")
     axes[0].set_ylabel("% of a copy of the same bytes")
     axes[0].legend(fontsize=8)
-    m = json.loads((RESULTS / "peers_2core.json").read_text())["machine"]
-    fig.suptitle(f"Higher is better; the dashed line is the copy floor "
+    fig.suptitle(f"Higher is better; 100 (dashed) = a parallel copy of the same bytes "
                  f"({m.get('processor') or 'CPU'}, {m['threads']} threads)", fontsize=10)
     fig.tight_layout()
     fig.savefig(PLOT, dpi=90)
@@ -184,13 +201,16 @@ and touches each element once, so it is bound by memory, not arithmetic.
 The fastest possible kernel reads its inputs once and writes its outputs
 once: the benchmark counts those bytes (forward: x in, y out; backward: x
 and dy in, dx out; the fused add: x and residual in, y and z out) and
-divides by the time ("GB/s"). The ceiling is the machine's own copy
-bandwidth, a parallel `memcpy` on the same threads timed in the same run:
-"% copy" near 100 means no faster kernel is possible on that machine, and
-above 100 happens where the kernel's arrays stay in a cache that a copy of
-the same bytes spills. Small shapes (256x1024, 32x768) live in the caches
-and are dominated by per-call costs, so their percentages are low for
-everyone; there the peers' columns tell more.
+divides by the time ("GB/s"). What the machine's memory allows is measured
+in the same run by a parallel `memcpy` on the same threads: "% copy" is
+GB/s over that of a copy of x, "% same" over that of a copy moving as
+many bytes as the kernel (1.5 or 2 times x for the three- and four-array
+calls, whose data may spill from a cache that holds a copy of x). Near
+100 no faster kernel is possible on that machine; above 100 happens where
+the kernel's arrays stay in a cache that the copy spills. Small shapes
+(256x1024 and below) live in the caches and are dominated by per-call
+costs, so their percentages are low for everyone; there the peers'
+columns tell more.
 
 **Reproducing.** From a clone, `pip install '.[bench]'` and the command
 above each table; `--quick` runs in under a minute, `--json PATH` keeps
@@ -198,7 +218,7 @@ the results and `--plot PATH` draws them. The peers are optional and left
 out where not installed: `pip install '.[peers]'` (onnx, onnxruntime, JAX)
 and `'.[torch]'`, `'.[dask]'`.
 
-How the CPU kernels reach the floor, what each technique bought and where
+How the CPU kernels come near the copy's speed, what each technique bought and where
 the targets are missed is in [performance_cpu.md](performance_cpu.md) (the
 record, on the machines it names) and, over other axes,
 [performance_axes.md](performance_axes.md); ideas measured and dropped are

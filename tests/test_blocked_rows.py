@@ -1,5 +1,5 @@
 """Long backward rows summed by column blocks (docs/performance_cpu.md, "Long
-rows shared by the threads").  Where a row's working set in the backward
+backward rows shared by the threads").  Where a row's working set in the backward
 sweep outgrows one core's L2, the threads share each row's columns, block by
 block, with a barrier per row.  Each block's sums are added in block order,
 so the results are bitwise the same whatever the thread count, and whether

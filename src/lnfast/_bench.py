@@ -35,6 +35,7 @@ DEFAULT_SHAPES = ["8192x1024", "65536x768", "4096x4096", "1024x65536",
                   "1x768", "32x768", "256x1024"]
 QUICK_SHAPES = ["4096x1024", "256x1024", "1x768"]
 EPS = 1e-5
+PAUSE = 0.2     # seconds before a case when other runtimes' thread pools are about
 
 
 def add_arguments(p):
@@ -150,7 +151,11 @@ def _copy(x, traffic, threads):
 def _copy_gbs(x, traffic, threads, repeat, budget):
     """GB/s of a parallel copy moving `traffic` times x.nbytes."""
     fn, nbytes = _copy(x, traffic, threads)
-    return nbytes / _median_seconds(fn, repeat, budget) / 1e9
+    return _gbs(nbytes, _median_seconds(fn, repeat, budget))
+
+
+def _gbs(nbytes, seconds):
+    return nbytes / seconds / 1e9
 
 
 def _peak_bytes(fn):
@@ -175,20 +180,22 @@ TRAFFIC = {"layer_norm forward": 2, "layer_norm backward": 3,
 
 # NumPy as its users write it: in the data's dtype, or in float32 for the
 # 16-bit types (NumPy has no bfloat16 arithmetic of its own), cast back.
+# xp: the array module; `bench --peers` has XLA compile the same code over
+# jax.numpy.
 
 def _wide(*arrays):
     return [a.astype(compute_dtype(a.dtype), copy=False) for a in arrays]
 
 
-def _numpy_forward(x, w, b):
+def _numpy_forward(x, w, b, xp=np):
     xw, w, b = _wide(x, w, b)
     mean = xw.mean(axis=-1, keepdims=True)
     xc = xw - mean
     var = (xc * xc).mean(axis=-1, keepdims=True)
-    return (xc / np.sqrt(var + EPS) * w + b).astype(x.dtype, copy=False)
+    return (xc / xp.sqrt(var + EPS) * w + b).astype(x.dtype, copy=False)
 
 
-def _numpy_backward(dy, x, mean, rstd, w):
+def _numpy_backward(dy, x, mean, rstd, w, xp=np):
     dyw, xw, w = _wide(dy, x, w)
     xhat = (xw - mean[:, None]) * rstd[:, None]
     g = dyw * w
@@ -197,12 +204,13 @@ def _numpy_backward(dy, x, mean, rstd, w):
     return dx.astype(x.dtype, copy=False), (dyw * xhat).sum(0), dyw.sum(0)
 
 
-def _numpy_rms_forward(x, w):
+def _numpy_rms_forward(x, w, xp=np):
     xw, w = _wide(x, w)
-    return (xw / np.sqrt((xw * xw).mean(axis=-1, keepdims=True) + EPS) * w).astype(x.dtype, copy=False)
+    return (xw / xp.sqrt((xw * xw).mean(axis=-1, keepdims=True) + EPS) * w).astype(
+        x.dtype, copy=False)
 
 
-def _numpy_rms_backward(dy, x, rstd, w):
+def _numpy_rms_backward(dy, x, rstd, w, xp=np):
     dyw, xw, w = _wide(dy, x, w)
     xhat = xw * rstd[:, None]
     g = dyw * w
@@ -329,20 +337,20 @@ def run(args):
                  if not args.functions or key[0].split()[0] in args.functions}
         times = {key: [] for key in [*copies, *cases]}
         for _ in range(rounds):     # (a noisy spell of a shared machine touches every case)
-            for k, (fn, _) in copies.items():
-                times[k].append(_median_seconds(fn, per_round, budget / rounds))
+            for t, (fn, _) in copies.items():
+                times[t].append(_median_seconds(fn, per_round, budget / rounds))
             for key, fn in cases.items():
                 if args.peers:      # (no runtime's pool still spinning from the case before)
-                    time.sleep(0.2)
+                    time.sleep(PAUSE)
                 times[key].append(_median_seconds(fn, per_round, budget / rounds))
-        copy_gbs = {k: nbytes / float(np.median(times[k])) / 1e9
-                    for k, (_, nbytes) in copies.items()}
+        copy_gbs = {t: _gbs(nbytes, float(np.median(times[t])))
+                    for t, (_, nbytes) in copies.items()}
         for (func, impl), fn in cases.items():
             nbytes = TRAFFIC[func] * x.nbytes
             sec = float(np.median(times[(func, impl)]))
             results.append({
                 "function": func, "impl": impl, "dtype": dtype,
-                "M": M, "D": D, "ms": sec * 1e3, "gbs": nbytes / sec / 1e9,
+                "M": M, "D": D, "ms": sec * 1e3, "gbs": _gbs(nbytes, sec),
                 "copy_gbs": copy_gbs[2], "same_copy_gbs": copy_gbs[TRAFFIC[func]],
                 "peak_mib": _peak_bytes(fn) / 2**20 if impl == "lnfast" else None,
             })

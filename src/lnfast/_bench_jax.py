@@ -5,12 +5,13 @@ the bytes a perfect kernel moves (forward 2 x.nbytes, with the backward
 5) over a parallel copy of x timed just before ("% copy").  Each
 case runs after a pause, so that neither thread pool (XLA's, OpenMP's)
 is still spinning from the one before."""
+import functools
 import sys
 import time
 
 import numpy as np
 
-from lnfast._bench import _copy_gbs, _median_seconds
+from lnfast._bench import PAUSE, _copy_gbs, _median_seconds, _numpy_forward
 
 SHAPES = ["8192x1024", "256x1024", "32x768"]
 QUICK = ["256x1024", "32x768"]
@@ -26,12 +27,7 @@ def run(args, threads):
         print(f"bench --jax needs JAX (pip install lnfast[jax]): {e}", file=sys.stderr)
         return []
 
-    def jnp_layer_norm(x, w, b, eps=1e-5):
-        xf = x.astype(jnp.float32)
-        mu = xf.mean(-1, keepdims=True)
-        var = jnp.square(xf - mu).mean(-1, keepdims=True)
-        return ((xf - mu) * jax.lax.rsqrt(var + eps) * w + b).astype(x.dtype)
-
+    jnp_layer_norm = functools.partial(_numpy_forward, xp=jnp)     # (the NumPy baseline's code)
     repeat = args.repeat or (5 if args.quick else 15)
     budget = 0.5 if args.quick else 1.5
     rows = []
@@ -50,7 +46,7 @@ def run(args, threads):
                 for name, f, a, traffic in (("forward", forward, (x, w, b), 2),
                                             ("forward + backward", both, (x, w, b, dy), 5)):
                     jax.block_until_ready(f(*a))        # (compiled here)
-                    time.sleep(0.2)
+                    time.sleep(PAUSE)
                     sec = _median_seconds(lambda: jax.block_until_ready(f(*a)), repeat, budget)
                     rows.append({"pass": name, "shape": shape, "dtype": dname, "impl": impl,
                                  "ms": sec * 1e3, "gbs": traffic * x.nbytes / sec / 1e9,

@@ -4,15 +4,21 @@ RMSNorm beside lnfast's, where they are installed.
 onnxruntime runs the ONNX operators LayerNormalization (opset 17) and
 RMSNormalization (opset 23) and its own fused SkipLayerNormalization
 (com.microsoft) for the add, forward only (an inference runtime has no
-backward), `intra_op_num_threads` set to lnfast's threads.  XLA runs the
-functions written in jax.numpy under `jax.jit`, computing in float32 for
-the 16-bit types as NumPy's baseline does; its backward is the `jax.vjp`
-of the forward, the residuals saved by the forward (timed alone).  A type
-a runtime does not implement is left out.
+backward), `intra_op_num_threads` set to lnfast's threads, through
+`InferenceSession.run` as its users call it.  XLA compiles, under
+`jax.jit`, the very code of the NumPy baseline (lnfast._bench) over
+jax.numpy: the forward, and the backward from (dy, x, mean, rstd, weight)
+as lnfast's, so that both read and write the same arrays; XLA sizes its
+own thread pool (to the machine's CPUs).  A dtype a runtime does not
+implement is left out.
 """
+import functools
+
 import numpy as np
 
-from lnfast._bench import EPS
+import lnfast
+from lnfast._bench import (EPS, _numpy_backward, _numpy_forward, _numpy_rms_backward,
+                           _numpy_rms_forward)
 
 ORT = "onnxruntime"
 XLA = "xla"
@@ -84,42 +90,33 @@ def _xla_cases(x, r, w, b, dy, threads):
         jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
 
-    wide = jnp.float64 if x.dtype == np.float64 else jnp.float32
+    _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=EPS)
+    _, z, zmean, zrstd = lnfast.add_layer_norm_forward(x, r, w, b, eps=EPS)
+    _, rms_rstd = lnfast.rms_norm_forward(x, w, eps=EPS)
+    j = dict(zip("x r w b dy z mean rstd zmean zrstd rms_rstd".split(),
+                 (jnp.asarray(a) for a in (x, r, w, b, dy, z, mean, rstd, zmean, zrstd,
+                                           rms_rstd))))
+    jax.block_until_ready(list(j.values()))
 
-    def ln(x, w, b):
-        xf = x.astype(wide)
-        mu = xf.mean(-1, keepdims=True)
-        var = jnp.square(xf - mu).mean(-1, keepdims=True)
-        return ((xf - mu) * jax.lax.rsqrt(var + EPS) * w + b).astype(x.dtype)
-
-    def rms(x, w):
-        xf = x.astype(wide)
-        return (xf * jax.lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + EPS)
-                * w).astype(x.dtype)
-
-    def add_ln(x, r, w, b):
+    def add_forward(x, r, w, b, xp):
         z = x + r
-        return ln(z, w, b), z
+        return _numpy_forward(z, w, b, xp), z
 
-    jx, jr, jdy = (jnp.asarray(a) for a in (x, r, dy))
-    jw, jb = (jnp.asarray(a, wide) for a in (w, b))
-    pull = jax.jit(lambda vjp, ct: vjp(ct))
+    def add_backward(dy, z, mean, rstd, w, dz, xp):
+        dx, dw, db = _numpy_backward(dy, z, mean, rstd, w, xp)
+        return dx + dz, dw, db
 
-    def timed(f, *args):
-        f = jax.jit(f)
+    def timed(f, *names):
+        f = jax.jit(functools.partial(f, xp=jnp))
+        args = [j[n] for n in names]
         return lambda: jax.block_until_ready(f(*args))
 
-    def backward(f, args, ct):
-        _, vjp = jax.vjp(f, *args)
-        jax.block_until_ready(vjp)  # (dispatched asynchronously: done before any timing)
-        return lambda: jax.block_until_ready(pull(vjp, ct))
-
-    jax.block_until_ready((jx, jr, jdy, jw, jb))
     return {
-        ("layer_norm forward", XLA): timed(ln, jx, jw, jb),
-        ("layer_norm backward", XLA): backward(ln, (jx, jw, jb), jdy),
-        ("add_layer_norm forward", XLA): timed(add_ln, jx, jr, jw, jb),
-        ("add_layer_norm backward", XLA): backward(add_ln, (jx, jr, jw, jb), (jdy, jr)),
-        ("rms_norm forward", XLA): timed(rms, jx, jw),
-        ("rms_norm backward", XLA): backward(rms, (jx, jw), jdy),
+        ("layer_norm forward", XLA): timed(_numpy_forward, "x", "w", "b"),
+        ("layer_norm backward", XLA): timed(_numpy_backward, "dy", "x", "mean", "rstd", "w"),
+        ("add_layer_norm forward", XLA): timed(add_forward, "x", "r", "w", "b"),
+        ("add_layer_norm backward", XLA): timed(add_backward, "dy", "z", "zmean", "zrstd", "w",
+                                                "r"),
+        ("rms_norm forward", XLA): timed(_numpy_rms_forward, "x", "w"),
+        ("rms_norm backward", XLA): timed(_numpy_rms_backward, "dy", "x", "rms_rstd", "w"),
     }
