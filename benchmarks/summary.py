@@ -206,8 +206,8 @@ in the same run by a parallel `memcpy` on the same threads: "% copy" is
 GB/s over that of a copy of x, "% same" over that of a copy moving as
 many bytes as the kernel (1.5 or 2 times x for the three- and four-array
 calls, whose data may spill from a cache that holds a copy of x). Near
-100 no faster kernel is possible on that machine; above 100 happens where
-the kernel's arrays stay in a cache that the copy spills. Small shapes
+100, no kernel can do much better on that machine; above 100 happens
+where the kernel's arrays stay in a cache that the copy spills. Small shapes
 (256x1024 and below) live in the caches and are dominated by per-call
 costs, so their percentages are low for everyone; there the peers'
 columns tell more.
