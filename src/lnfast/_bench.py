@@ -232,12 +232,21 @@ def _to_torch(torch, a):
     return torch.from_numpy(a)
 
 
-def _cases(torch, x, r, w, b, dy, with_numpy):
-    """{(function, implementation): zero-argument callable}."""
-    D = x.shape[-1]
+def _statistics(x, r, w, b):
+    """What the backward cases take from lnfast's forward: LayerNorm's mean
+    and rstd, the fused step's z and its mean and rstd, RMSNorm's rstd."""
     _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=EPS)
     _, z, zmean, zrstd = lnfast.add_layer_norm_forward(x, r, w, b, eps=EPS)
     _, rms_rstd = lnfast.rms_norm_forward(x, w, eps=EPS)
+    return {"mean": mean, "rstd": rstd, "z": z, "zmean": zmean, "zrstd": zrstd,
+            "rms_rstd": rms_rstd}
+
+
+def _cases(torch, x, r, w, b, dy, stats, with_numpy):
+    """{(function, implementation): zero-argument callable}; stats: _statistics'."""
+    D = x.shape[-1]
+    mean, rstd, z, zmean, zrstd, rms_rstd = (stats[k] for k in (
+        "mean", "rstd", "z", "zmean", "zrstd", "rms_rstd"))
     dz = r
     cases = {
         ("layer_norm forward", "lnfast"): lambda: lnfast.layer_norm_forward(x, w, b, eps=EPS),
@@ -328,11 +337,12 @@ def run(args):
         x, dy, r = (rng.standard_normal((M, D), np.float32).astype(dt) for _ in range(3))
         w, b = (rng.standard_normal(D, np.float32).astype(dt) for _ in range(2))
         copies = {k: _copy(x, k, threads) for k in sorted(set(TRAFFIC.values()))}
-        cases = _cases(torch, x, r, w, b, dy, not args.no_numpy)
+        stats = _statistics(x, r, w, b)
+        cases = _cases(torch, x, r, w, b, dy, stats, not args.no_numpy)
         if args.peers:
             from lnfast import _bench_peers
 
-            cases.update(_bench_peers.cases(x, r, w, b, dy, threads))
+            cases.update(_bench_peers.cases(x, r, w, b, dy, stats, threads))
         cases = {key: fn for key, fn in cases.items()
                  if not args.functions or key[0].split()[0] in args.functions}
         times = {key: [] for key in [*copies, *cases]}

@@ -16,7 +16,6 @@ import functools
 
 import numpy as np
 
-import lnfast
 from lnfast._bench import (EPS, _numpy_backward, _numpy_forward, _numpy_rms_backward,
                            _numpy_rms_forward)
 
@@ -24,12 +23,13 @@ ORT = "onnxruntime"
 XLA = "xla"
 
 
-def cases(x, r, w, b, dy, threads):
-    """{(function, implementation): zero-argument callable} for both peers."""
+def cases(x, r, w, b, dy, stats, threads):
+    """{(function, implementation): zero-argument callable} for both peers;
+    stats: lnfast._bench._statistics' of the same arrays."""
     out = {}
     for make in (_ort_cases, _xla_cases):
         try:
-            out.update(make(x, r, w, b, dy, threads))
+            out.update(make(x, r, w, b, dy, stats, threads))
         except ImportError:
             pass
     return out
@@ -37,7 +37,7 @@ def cases(x, r, w, b, dy, threads):
 
 # --- onnxruntime ---------------------------------------------------------------
 
-def _ort_cases(x, r, w, b, dy, threads):
+def _ort_cases(x, r, w, b, dy, stats, threads):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -47,7 +47,7 @@ def _ort_cases(x, r, w, b, dy, threads):
     t = elem[x.dtype]
     M, D = x.shape
 
-    def session(op, inputs, outputs, opset, domain=""):
+    def operator(op, inputs, outputs, opset, domain=""):
         node = helper.make_node(op, inputs, outputs, domain=domain, epsilon=EPS,
                                 **({} if domain else {"axis": -1}))
         shape = {"x": [M, D], "r": [M, D], "w": [D], "b": [D], "y": [M, D], "z": [M, D]}
@@ -72,30 +72,26 @@ def _ort_cases(x, r, w, b, dy, threads):
         return lambda: s.run(None, feed)
 
     made = {
-        ("layer_norm forward", ORT): session("LayerNormalization", ["x", "w", "b"], ["y"], 17),
-        ("add_layer_norm forward", ORT): session(
+        ("layer_norm forward", ORT): operator("LayerNormalization", ["x", "w", "b"], ["y"], 17),
+        ("add_layer_norm forward", ORT): operator(
             "SkipLayerNormalization", ["x", "r", "w", "b"], ["y", "", "", "z"], 17,
             "com.microsoft"),
-        ("rms_norm forward", ORT): session("RMSNormalization", ["x", "w"], ["y"], 23),
+        ("rms_norm forward", ORT): operator("RMSNormalization", ["x", "w"], ["y"], 23),
     }
     return {k: fn for k, fn in made.items() if fn is not None}
 
 
 # --- XLA (jax.jit) ----------------------------------------------------------------
 
-def _xla_cases(x, r, w, b, dy, threads):
+def _xla_cases(x, r, w, b, dy, stats, threads):
     import jax
 
     if x.dtype == np.float64:
         jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
 
-    _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=EPS)
-    _, z, zmean, zrstd = lnfast.add_layer_norm_forward(x, r, w, b, eps=EPS)
-    _, rms_rstd = lnfast.rms_norm_forward(x, w, eps=EPS)
-    j = dict(zip("x r w b dy z mean rstd zmean zrstd rms_rstd".split(),
-                 (jnp.asarray(a) for a in (x, r, w, b, dy, z, mean, rstd, zmean, zrstd,
-                                           rms_rstd))))
+    j = {n: jnp.asarray(a) for n, a in
+         {"x": x, "r": r, "w": w, "b": b, "dy": dy, **stats}.items()}
     jax.block_until_ready(list(j.values()))
 
     def add_forward(x, r, w, b, xp):
