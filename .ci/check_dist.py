@@ -17,9 +17,10 @@ for module in ("_cpu", "_pool"):
     assert any(n.startswith(f"lnfast/{module}.") and n.endswith((".so", ".pyd")) for n in names), \
         f"no compiled module {module}"
 for required in ("lnfast/py.typed", "lnfast/_cpu.pyi", "lnfast/__init__.py",
-                 "lnfast/kernels/norm.cu", "lnfast/jax_ffi/lnfast_ffi.cc"):
+                 "lnfast/kernels/norm.cu", "lnfast/jax_ffi/lnfast_ffi.cc",
+                 "lnfast/torch_ext/lnfast_torch.cc"):
     assert required in names, f"wheel lacks {required}"
-# (the C API's headers, which lnfast.jax's handlers are compiled against)
+# (the C API's headers, which lnfast.jax's and lnfast.torch's C++ are compiled against)
 public_headers = {"lnfast/cpu/lnfast_cpu.h", "lnfast/cpu/config.h"}
 assert public_headers <= set(names), f"wheel lacks {public_headers - set(names)}"
 for n in names:
@@ -32,7 +33,7 @@ for required in ("src/lnfast/_cpu.pyx", "src/lnfast/_pool.pyx", "src/lnfast/_poo
                  "src/lnfast/cpu/lnfast_cpu.h", "src/lnfast/cpu/rowops.h",
                  "src/lnfast/cpu/forward.c", "src/lnfast/cpu/rows_f32_avx2.c",
                  "src/lnfast/cpu/halfconv.h", "src/lnfast/kernels/norm.cu",
-                 "src/lnfast/jax_ffi/lnfast_ffi.cc",
+                 "src/lnfast/jax_ffi/lnfast_ffi.cc", "src/lnfast/torch_ext/lnfast_torch.cc",
                  "setup.py", "pyproject.toml", "tests/test_layer_norm.py",
                  "tests/gpu/emulate.h", "tests/gpu/fake_cupy/cupy/__init__.py"):
     assert required in members, f"sdist lacks {required}"

@@ -13,6 +13,8 @@ cdef extern from "_pool.h":
     size_t lnf_pool_bytes()
     size_t lnf_pool_limit()
     size_t LNF_POOL_MIN
+    void *lnf_pool_malloc(void *ctx, size_t size)
+    void lnf_pool_free(void *ctx, void *ptr, size_t size)
 
 cdef extern from "numpy/arrayobject.h":
     object PyDataMem_SetHandler(object handler)
@@ -48,6 +50,12 @@ def empty(shape, dtype):
         return np.empty(shape, dtype)
     finally:
         PyDataMem_SetHandler(old)
+
+
+def c_addresses():
+    """The addresses of the cache's malloc(ctx, size) and free(ctx, ptr,
+    size) (ctx unused), for lnfast.torch's C++ kernels' outputs."""
+    return <size_t><void*>lnf_pool_malloc, <size_t><void*>lnf_pool_free
 
 
 def cache_info():

@@ -7,24 +7,13 @@ XLA FFI custom calls into lnfast's C kernels.  They work under `jax.jit`,
     y = jax.jit(lambda x, w, b: lj.layer_norm(x, w, b))(x, w, b)
 
 The handlers (jax_ffi/lnfast_ffi.cc) are compiled once, on first import,
-against jaxlib's FFI headers with the machine's C++ compiler ($CXX, else
-c++, g++ or clang++), and cached (LNFAST_CACHE_DIR, else
-$XDG_CACHE_HOME/lnfast or ~/.cache/lnfast, else a temporary folder) under
-a name that changes with the source, the headers, jaxlib, the compiler and
-the machine.  They link nothing: lnfast._cpu hands them the C API's
-addresses.  The custom calls exist for the CPU only: a program compiled
-for a GPU cannot use them (there, use XLA's own LayerNorm).
+against jaxlib's FFI headers, and kept (lnfast._build).  The custom calls
+exist for the CPU only: a program compiled for a GPU cannot use them
+(there, use XLA's own LayerNorm).
 """
 import ctypes
 import functools
-import hashlib
-import os
 import pathlib
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
 from typing import Optional, Union
 
 import numpy as np
@@ -39,100 +28,20 @@ except (ImportError, AttributeError) as e:      # (lnfast[jax] brings it)
     raise ImportError(f"lnfast.jax needs JAX 0.5 or newer with jax.ffi: "
                       f"pip install 'lnfast[jax]' ({e})") from None
 
-from lnfast import _checks, _cpu, _threads
+from lnfast import _build, _checks, _cpu, _threads
 
 __all__ = ["add_layer_norm", "layer_norm", "rms_norm"]
 
-_HERE = pathlib.Path(__file__).parent
-_SOURCE = _HERE / "jax_ffi" / "lnfast_ffi.cc"
-_HEADERS = (_HERE / "cpu" / "lnfast_cpu.h", _HERE / "cpu" / "config.h")
+_SOURCE = pathlib.Path(__file__).parent / "jax_ffi" / "lnfast_ffi.cc"
 
 
 # --- the handlers: built, loaded and registered once ---------------------------
 
-def _cache_dirs():
-    """Where the library may be kept: LNFAST_CACHE_DIR, else the user's
-    cache; then a temporary directory, where those cannot be written."""
-    env = os.environ.get("LNFAST_CACHE_DIR")
-    if env:
-        yield pathlib.Path(env)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-        yield pathlib.Path(base) / "lnfast"
-    user = os.getuid() if hasattr(os, "getuid") else 0
-    yield pathlib.Path(tempfile.gettempdir()) / f"lnfast-{user}"
-
-
-def _compiler():
-    cxx = os.environ.get("CXX")
-    cmd = shlex.split(cxx) if cxx else next(
-        ([c] for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
-    if not cmd:
-        raise ImportError("lnfast.jax compiles its XLA FFI handlers on first import and needs "
-                          "a C++17 compiler: install g++ or clang++, or set CXX")
-    return cmd
-
-
-def _run(cmd, what):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise ImportError(f"lnfast.jax could not run the C++ compiler for {what} "
-                          f"({' '.join(cmd)}): {e}") from None
-
-
-def _key(flags):
-    """A name for the library: it changes with the source, the headers,
-    jaxlib and its FFI headers, the compiler and the machine."""
-    digest = hashlib.sha256(" ".join(flags).encode())
-    api = pathlib.Path(_ffi.include_dir()) / "xla" / "ffi" / "api"
-    for f in (_SOURCE, *_HEADERS, *sorted(api.glob("*.h"))):
-        digest.update(f.read_bytes())
-    version = _run(flags[:flags.index("-std=c++17")] + ["--version"], "its version")
-    for part in (jaxlib.__version__, platform.machine(), version.stdout):
-        digest.update(part.encode())
-    return f"lnfast_ffi-{digest.hexdigest()[:20]}.so"
-
-
-def _compile(out, flags):
-    """Compile into `out`, through a temporary file of the same directory
-    (the rename is atomic: a concurrent import sees all of it or none)."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        p = _run(flags + ["-o", tmp], "the handlers")
-        if p.returncode != 0:
-            raise ImportError("lnfast.jax could not compile its XLA FFI handlers:\n"
-                              + " ".join(flags) + "\n" + p.stderr[-3000:])
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _library():
-    """The handlers, loaded: from the cache, else compiled first (again
-    where a cached file does not load)."""
-    flags = _compiler() + ["-std=c++17", "-O2", "-shared", "-fPIC",
-                           f"-I{_ffi.include_dir()}", f"-I{_HEADERS[0].parent}", str(_SOURCE)]
-    name = _key(flags)
-    errors = []
-    for folder in _cache_dirs():
-        out = folder / name
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for attempt in range(2):
-                if not out.exists():
-                    _compile(out, flags)
-                try:
-                    return ctypes.CDLL(str(out))
-                except OSError as e:        # (a damaged file: compiled again, once)
-                    errors.append(f"{out}: {e}")
-                    out.unlink()
-        except OSError as e:                # (a folder that cannot be written)
-            errors.append(f"{folder}: {e}")
-    raise ImportError("lnfast.jax could not keep or load its XLA FFI handlers: "
-                      + "; ".join(errors))
+    api = pathlib.Path(_ffi.include_dir()) / "xla" / "ffi" / "api"
+    return _build.load("lnfast.jax", "its XLA FFI handlers", "lnfast_ffi", _SOURCE,
+                       ["-std=c++17", "-O2", "-shared", "-fPIC", f"-I{_ffi.include_dir()}"],
+                       sorted(api.glob("*.h")), [jaxlib.__version__])
 
 
 def _register():

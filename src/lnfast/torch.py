@@ -4,18 +4,28 @@
     import lnfast.torch
     lnfast.torch.replace_norms(model)     # nn.LayerNorm / nn.RMSNorm -> lnfast's
 
-Tensors reach the kernels without a copy: CPU tensors as NumPy views (a
-bfloat16 tensor through a 16-bit integer view), CUDA tensors as CuPy arrays
-through DLPack, on PyTorch's current stream.  The kernels are two custom
-operators, `lnfast::norm` and `lnfast::norm_backward`
-(`torch.library.custom_op`, with fake kernels for tracing and autograd
-registered), so `torch.compile(fullgraph=True)` traces them whole.  In
-eager mode the same functions run through an `autograd.Function` instead,
-which costs less per call than the custom operators' dispatch
-(docs/torch.md).  Gradients of gradients are not computed: asking for them
-is PyTorch's error for `lnfast::norm_backward`, which has no derivative.
+The kernels are two custom operators, `lnfast::norm` and
+`lnfast::norm_backward` (`torch.library.custom_op`, with fake kernels for
+tracing and autograd registered), so `torch.compile(fullgraph=True)`
+traces them whole.  For CPU tensors their kernels and the forward's
+autograd are C++ (torch_ext/lnfast_torch.cc over lnfast's C API, built on
+first import: lnfast._build), so that an eager call crosses from Python
+once, as PyTorch's own operators do.  The Python kernels serve CUDA
+tensors (CuPy arrays through DLPack, on PyTorch's current stream), and CPU
+tensors where the C++ cannot be built (a warning says why) or
+LNFAST_TORCH_EXTENSION=0: CPU tensors then reach the kernels as NumPy
+views (bfloat16 through a 16-bit integer view), and eager calls go through
+an `autograd.Function`, which costs less per call than the operators'
+Python dispatch (docs/torch.md).  Both give the same bits.  Gradients of
+gradients are not computed: asking for them is PyTorch's error for
+`lnfast::norm_backward`, which has no derivative.
 """
-import math
+import ctypes
+import os
+import pathlib
+import sys
+import sysconfig
+import warnings
 from collections.abc import Sequence
 from typing import Optional, Union
 
@@ -24,7 +34,7 @@ import numpy as np
 import torch
 
 import lnfast
-from lnfast import _checks
+from lnfast import _build, _checks, _cpu, _pool, _threads
 
 __all__ = ["LayerNorm", "RMSNorm", "add_layer_norm", "layer_norm", "replace_norms", "rms_norm"]
 
@@ -209,6 +219,45 @@ def _op_backward(ctx, dy, dz, dmean, drstd):
 
 
 _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
+_NORM = torch.ops.lnfast.norm.default
+
+
+# --- the operators' CPU kernels and autograd in C++ ------------------------------
+
+def _extension():
+    """torch_ext/lnfast_torch.cc, built on first import (lnfast._build) and
+    loaded: the C++ kernels then serve CPU tensors.  None where
+    LNFAST_TORCH_EXTENSION=0, or, with a warning, where it cannot be built
+    (the Python kernels then serve CPU tensors as well)."""
+    if os.environ.get("LNFAST_TORCH_EXTENSION", "").strip() == "0":
+        return None
+    root = pathlib.Path(torch.__file__).parent
+    lib = root / "lib"
+    flags = ["-std=c++20", "-O2", "-shared", "-fPIC",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+             f"-I{sysconfig.get_paths()['include']}"]
+    if sys.platform == "darwin":
+        flags += ["-undefined", "dynamic_lookup"]      # (Python's own symbols)
+    try:
+        ext = _build.load("lnfast.torch", "its C++ operator kernels", "lnfast_torch",
+                          pathlib.Path(__file__).parent / "torch_ext" / "lnfast_torch.cc", flags,
+                          [], [torch.__version__, str(torch.version.git_version)],
+                          [f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"])
+    except ImportError as e:
+        warnings.warn(f"{e}\nlnfast.torch goes on with its Python kernels, which cost more per "
+                      "call (set LNFAST_TORCH_EXTENSION=0 to skip the build)", RuntimeWarning,
+                      stacklevel=3)
+        return None
+    # (PYFUNCTYPE: called with the GIL held, as it takes a Python object)
+    set_api = ctypes.PYFUNCTYPE(None, *[ctypes.c_void_p] * 6, ctypes.c_size_t, ctypes.py_object,
+                                ctypes.c_int64)(("lnfast_torch_set_api", ext))
+    set_api(*_cpu.c_api_addresses(), *_pool.c_addresses(), _pool.MIN_BYTES, _threads.threads_for,
+            _threads.PARALLEL_MIN_ELEMENTS_BACKWARD)
+    return ext
+
+
+_EXT = _extension()
 
 
 # --- the eager path ------------------------------------------------------------
@@ -252,17 +301,24 @@ class _Norm(torch.autograd.Function):
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
 
+_norm_apply = super(torch.autograd.Function, _Norm).apply
+
+
 def _apply(x, residual, weight, bias, k, eps, centered):
-    """(y, z) through the custom operator while torch.compile traces, else
-    through _Norm where a gradient may be asked for, else straight."""
-    if torch.compiler.is_compiling():
-        y, z, _, _ = _norm_op(x, residual, weight, bias, k, eps, centered)
-        return y, z
+    """(y, z) through the operator while torch.compile traces or where the
+    C++ kernels serve x, else through _Norm where a gradient may be asked
+    for, else straight."""
+    if torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu):
+        y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
+        return y, None if residual is None else z
     if torch.is_grad_enabled() and (
             x.requires_grad or (residual is not None and residual.requires_grad)
             or (weight is not None and weight.requires_grad)
             or (bias is not None and bias.requires_grad)):
-        return _Norm.apply(x, residual, weight, bias, k, eps, centered)
+        if torch._C._are_functorch_transforms_active():
+            return _Norm.apply(x, residual, weight, bias, k, eps, centered)
+        # (autograd.Function.apply, less its Python preamble for functorch)
+        return _norm_apply(x, residual, weight, bias, k, eps, centered)
     y, z = _on_stream(x, _forward, _array(x), _array(residual), _array(weight), _array(bias), k,
                       eps, centered, False)[:2]
     return _tensor(y), None if z is None else _tensor(z)

@@ -1,0 +1,113 @@
+"""The small C++ libraries lnfast builds on first use, against a
+framework's own headers: lnfast.jax's XLA FFI handlers and lnfast.torch's
+operator kernels.
+
+Each is compiled once with the machine's C++ compiler ($CXX, else c++,
+g++ or clang++) and kept (LNFAST_CACHE_DIR, else $XDG_CACHE_HOME/lnfast or
+~/.cache/lnfast, else a temporary folder) under a name that changes with
+its sources, the headers it includes, the framework's version, the
+compiler and the machine.  They link none of lnfast: lnfast._cpu hands
+them the C API's addresses when they are loaded.  What goes wrong is an
+ImportError that says what it needs.
+"""
+import ctypes
+import hashlib
+import os
+import pathlib
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+
+HERE = pathlib.Path(__file__).parent
+# lnfast's C API, which every library includes.
+API_HEADERS = (HERE / "cpu" / "lnfast_cpu.h", HERE / "cpu" / "config.h")
+
+
+def _cache_dirs():
+    """Where a library may be kept: LNFAST_CACHE_DIR, else the user's
+    cache; then a temporary directory, where those cannot be written."""
+    env = os.environ.get("LNFAST_CACHE_DIR")
+    if env:
+        yield pathlib.Path(env)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+        yield pathlib.Path(base) / "lnfast"
+    user = os.getuid() if hasattr(os, "getuid") else 0
+    yield pathlib.Path(tempfile.gettempdir()) / f"lnfast-{user}"
+
+
+def compiler(who, what):
+    """The C++ compiler's command, as a list."""
+    cxx = os.environ.get("CXX")
+    cmd = shlex.split(cxx) if cxx else next(
+        ([c] for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+    if not cmd:
+        raise ImportError(f"{who} compiles {what} on first import and needs a C++ compiler: "
+                          "install g++ or clang++, or set CXX")
+    return cmd
+
+
+def _run(cmd, who, what):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ImportError(f"{who} could not run the C++ compiler for {what} "
+                          f"({' '.join(cmd)}): {e}") from None
+
+
+def _key(stem, cxx, flags, files, versions, who):
+    """The library's file name: it changes with the flags, the files, the
+    versions given, the compiler and the machine."""
+    digest = hashlib.sha256(" ".join(cxx + flags).encode())
+    for f in files:
+        digest.update(f.read_bytes())
+    for part in (*versions, platform.machine(), _run(cxx + ["--version"], *who).stdout):
+        digest.update(part.encode())
+    return f"{stem}-{digest.hexdigest()[:20]}.so"
+
+
+def _compile(out, cmd, who, what):
+    """Compile into `out`, through a temporary file of the same directory
+    (the rename is atomic: a concurrent import sees all of it or none)."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        p = _run(cmd + ["-o", tmp], who, what)
+        if p.returncode != 0:
+            raise ImportError(f"{who} could not compile {what}:\n" + " ".join(cmd) + "\n"
+                              + p.stderr[-3000:])
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load(who, what, stem, source, flags, headers, versions, libraries=()):
+    """The library compiled from `source` with `flags` (and linked with
+    `libraries`, which follow the source), loaded: from the cache, else
+    compiled first (again where a cached file does not load).  who, what:
+    the module that asks and what the library is, for errors; `headers`:
+    the files besides the source and lnfast's API whose change makes it
+    another library; `versions`: strings that do the same (the framework's
+    version)."""
+    cxx = compiler(who, what)
+    flags = [*flags, f"-I{API_HEADERS[0].parent}", str(source), *libraries]
+    name = _key(stem, cxx, flags, (source, *API_HEADERS, *headers), versions, (who, "its version"))
+    errors = []
+    for folder in _cache_dirs():
+        out = folder / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for attempt in range(2):
+                if not out.exists():
+                    _compile(out, cxx + flags, who, what)
+                try:
+                    return ctypes.CDLL(str(out))
+                except OSError as e:        # (a damaged file: compiled again, once)
+                    errors.append(f"{out}: {e}")
+                    out.unlink()
+        except OSError as e:                # (a folder that cannot be written)
+            errors.append(f"{folder}: {e}")
+    raise ImportError(f"{who} could not keep or load {what}: " + "; ".join(errors))

@@ -1,0 +1,380 @@
+// lnfast.torch's operators lnfast::norm and lnfast::norm_backward for CPU
+// tensors, in C++: their kernels over lnfast's C API and the autograd of
+// lnfast::norm, so that an eager call crosses from Python once, as a call
+// of PyTorch's own operators does (docs/torch.md).
+//
+// lnfast/torch.py defines the operators (torch.library.custom_op: their
+// schemas, fake kernels and the Python kernels that serve CUDA tensors)
+// and builds this on first import against PyTorch's headers
+// (lnfast._build).  Loaded, it takes the CPU (kernels) and AutogradCPU
+// (autograd) keys; it links none of lnfast: lnfast_torch_set_api hands it
+// the C API's addresses, the output cache's and the thread count's
+// (lnfast._threads.threads_for, asked per call with the GIL taken, so
+// that the count is decided in one place).
+//
+// The kernels take any strides (a non-contiguous tensor is copied first)
+// and compute what the Python kernels compute, to the bit: the same C
+// calls on the same rows, dweight and dbias summed in float64 and rounded
+// once to the weight's dtype.
+#include <Python.h>
+
+// (the few ATen headers used, not ATen.h: a third less time to compile)
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "lnfast_cpu.h"
+
+namespace {
+
+using at::Tensor;
+using std::optional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int (*array_init)(lnf_array *, void *, int, int, const ptrdiff_t *, const ptrdiff_t *);
+int (*forward_rows)(const lnf_forward_args *);
+int (*backward_rows)(const lnf_backward_args *);
+void (*round_to_16bit)(const double *, unsigned short *, ptrdiff_t, int);
+void *(*cache_malloc)(void *, size_t);
+void (*cache_free)(void *, void *, size_t);
+size_t cache_min = 0;
+PyObject *threads_for = nullptr;        // lnfast._threads.threads_for
+int64_t backward_min = 0;               // its min_elements for a backward call
+
+int lnf_type(at::ScalarType t)
+{
+    switch (t) {
+    case at::kFloat: return LNF_FLOAT32;
+    case at::kDouble: return LNF_FLOAT64;
+    case at::kHalf: return LNF_FLOAT16;
+    case at::kBFloat16: return LNF_BFLOAT16;
+    default: return -1;
+    }
+}
+
+// The dtype of mean and rstd, and of dweight and dbias without a weight.
+at::ScalarType compute_type(at::ScalarType t)
+{
+    return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// The kernels' thread count for a call over n elements, from Python.
+int threads(int64_t n, bool backward)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *args[2] = {PyLong_FromLongLong(n), PyLong_FromLongLong(backward_min)};
+    PyObject *r = args[0] != nullptr && args[1] != nullptr
+                      ? PyObject_Vectorcall(threads_for, args, backward ? 2 : 1, nullptr)
+                      : nullptr;
+    Py_XDECREF(args[0]);
+    Py_XDECREF(args[1]);
+    long t = r != nullptr ? PyLong_AsLong(r) : -1;
+    std::string error;
+    if (PyErr_Occurred()) {             // (a bad LNFAST_NUM_THREADS: a ValueError)
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        PyObject *text = value != nullptr ? PyObject_Str(value) : nullptr;
+        const char *s = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+        error = s != nullptr ? s : "lnfast could not choose a thread count";
+        Py_XDECREF(text);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(trace);
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    PyGILState_Release(gil);
+    TORCH_CHECK_VALUE(error.empty(), error);
+    return (int)t;
+}
+
+// An output tensor; large ones from lnfast's output cache (already mapped
+// and page-aligned, as lnfast's NumPy outputs are: _pool.h).
+Tensor output(at::IntArrayRef sizes, at::ScalarType t)
+{
+    size_t n = (size_t)c10::multiply_integers(sizes) * at::elementSize(t);
+    if (n < cache_min)
+        return at::empty(sizes, at::TensorOptions().dtype(t));
+    void *p = cache_malloc(nullptr, n);
+    TORCH_CHECK(p != nullptr, "lnfast: out of memory for an output of ", n, " bytes");
+    return at::from_blob(p, sizes, [n](void *q) { cache_free(nullptr, q, n); },
+                         at::TensorOptions().dtype(t));
+}
+
+// Rows (M, D) of a contiguous tensor.
+void rows(lnf_array *a, const Tensor &t, int64_t M, int64_t D)
+{
+    int dt = lnf_type(t.scalar_type());
+    ptrdiff_t shape[2] = {(ptrdiff_t)M, (ptrdiff_t)D};
+    ptrdiff_t strides[2] = {(ptrdiff_t)(D * t.element_size()), (ptrdiff_t)t.element_size()};
+    TORCH_CHECK(dt >= 0 && array_init(a, t.data_ptr(), dt, 2, shape, strides) == LNF_OK,
+                "lnfast: cannot describe a tensor of ", t.scalar_type());
+}
+
+// A vector of D elements (weight, bias).
+void vector(lnf_array *a, const Tensor &t)
+{
+    ptrdiff_t n = t.numel(), stride = t.element_size();
+    TORCH_CHECK(array_init(a, t.data_ptr(), lnf_type(t.scalar_type()), 1, &n, &stride) == LNF_OK,
+                "lnfast: cannot describe a vector of ", t.scalar_type());
+}
+
+// weight or bias as the kernels take it (lnfast._kernels.as_param): 16-bit
+// or of the compute type as it is, else in the compute type; a constant
+// where not given.
+Tensor param(const optional<Tensor> &p, int64_t D, at::ScalarType ct, double fill)
+{
+    if (!p.has_value())
+        return at::full({D}, fill, at::TensorOptions().dtype(ct));
+    TORCH_CHECK(p->numel() == D, "lnfast: a weight or bias of ", p->numel(),
+                " elements for rows of ", D);
+    bool kept = p->scalar_type() == ct || p->element_size() == 2;
+    Tensor v = (kept ? *p : p->to(ct)).contiguous();
+    return v.dim() == 1 ? v : v.reshape({D});
+}
+
+void check(int status, const char *what)
+{
+    TORCH_CHECK(status == LNF_OK, "lnfast: ", what,
+                status == LNF_ENOMEM ? " ran out of memory" : " was given arguments that do not fit");
+}
+
+// The row count and length of x over its last k axes.
+std::pair<int64_t, int64_t> shape(const Tensor &x, int64_t k)
+{
+    TORCH_CHECK(k >= 1 && k <= x.dim(), "lnfast: cannot normalize the last ", k, " axes of a ",
+                x.dim(), "-dimensional tensor");
+    int64_t D = c10::multiply_integers(x.sizes().slice(x.dim() - k));
+    TORCH_CHECK(D >= 1, "lnfast: normalized_shape must not be empty");
+    return {x.numel() / D, D};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor>
+norm_cpu(const Tensor &x_, const optional<Tensor> &residual, const optional<Tensor> &weight,
+         const optional<Tensor> &bias, c10::SymInt k_, double eps, bool centered)
+{
+    TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, "eps must be finite and >= 0, got ", eps);
+    Tensor x = x_.contiguous();
+    auto [M, D] = shape(x, k_.expect_int());
+    int xt = lnf_type(x.scalar_type());
+    TORCH_CHECK(xt >= 0, "lnfast: input must be float32, float64, float16 or bfloat16, got ",
+                x.scalar_type());
+    at::ScalarType ct = compute_type(x.scalar_type());
+    at::IntArrayRef lead = x.sizes().slice(0, x.dim() - k_.expect_int());
+    bool fused = residual.has_value();
+    Tensor r = fused ? residual->contiguous() : Tensor();
+    TORCH_CHECK(!fused || (r.sizes() == x.sizes() && r.scalar_type() == x.scalar_type()),
+                "lnfast: residual must have x's shape and dtype");
+    Tensor y = output(x.sizes(), x.scalar_type());
+    Tensor z = fused ? output(x.sizes(), x.scalar_type()) : x.new_empty({0});
+    Tensor mean = centered ? output(lead, ct) : x.new_empty({0}, ct);
+    Tensor rstd = output(lead, ct);
+    Tensor w = param(weight, D, ct, 1.0), b = centered ? param(bias, D, ct, 0.0) : Tensor();
+    if (M == 0)
+        return {y, z, mean, rstd};
+    lnf_forward_args a;
+    std::memset(&a, 0, sizeof a);
+    rows(&a.x, x, M, D);
+    rows(&a.y, y, M, D);
+    if (fused) {
+        rows(&a.residual, r, M, D);
+        rows(&a.z, z, M, D);
+    }
+    vector(&a.weight, w);
+    if (centered)
+        vector(&a.bias, b);
+    a.weight_len = a.bias_len = D;
+    a.mean = centered ? mean.data_ptr() : nullptr;
+    a.rstd = rstd.data_ptr();
+    a.M = M, a.D = D, a.eps = eps;
+    a.has_residual = fused, a.centered = centered;
+    a.nthreads = threads(M * D, false);
+    check(forward_rows(&a), "the forward pass");
+    return {y, z, mean, rstd};
+}
+
+// dweight or dbias of D elements from its float64 sums, rounded once to t
+// (as lnfast._kernels rounds: 16-bit through lnf_round_to_16bit).
+Tensor rounded(const double *sums, int64_t D, at::ScalarType t)
+{
+    Tensor out = at::empty({D}, at::TensorOptions().dtype(t));
+    if (t == at::kDouble)
+        std::memcpy(out.data_ptr(), sums, D * sizeof(double));
+    else if (t == at::kFloat)
+        std::copy(sums, sums + D, out.data_ptr<float>());     // (each rounded to float)
+    else
+        round_to_16bit(sums, (unsigned short *)out.data_ptr(), D, t == at::kBFloat16);
+    return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor>
+norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, const Tensor &rstd_,
+                  const optional<Tensor> &weight, const optional<Tensor> &dz_, c10::SymInt k_,
+                  bool centered)
+{
+    Tensor x = x_.contiguous();
+    int64_t k = k_.expect_int();
+    auto [M, D] = shape(x, k);
+    TORCH_CHECK(lnf_type(x.scalar_type()) >= 0,
+                "lnfast: x must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
+    at::ScalarType ct = compute_type(x.scalar_type());
+    at::ScalarType gt = weight.has_value() ? weight->scalar_type() : ct;   // dweight's dtype
+    Tensor dy = dy_.contiguous(), dz = dz_.has_value() ? dz_->contiguous() : Tensor();
+    TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type()
+                    && (!dz.defined() || (dz.sizes() == x.sizes()
+                                          && dz.scalar_type() == x.scalar_type())),
+                "lnfast: dy and dz must have x's shape and dtype");
+    Tensor rstd = rstd_.to(ct).contiguous();
+    Tensor mean = centered ? mean_.to(ct).contiguous() : Tensor();
+    TORCH_CHECK(rstd.numel() == M && (!centered || mean.numel() == M),
+                "lnfast: mean and rstd must have one value per row");
+    Tensor w = param(weight, D, ct, 1.0);
+    Tensor dx = output(x.sizes(), x.scalar_type());
+    std::vector<double> sums(2 * D, 0.0);      // (no rows: zero gradients)
+    if (M > 0) {
+        lnf_backward_args a;
+        std::memset(&a, 0, sizeof a);
+        rows(&a.x, x, M, D);
+        rows(&a.dy, dy, M, D);
+        rows(&a.dx, dx, M, D);
+        if (dz.defined())
+            rows(&a.dz, dz, M, D);
+        vector(&a.weight, w);
+        a.mean = centered ? mean.data_ptr() : nullptr;
+        a.rstd = rstd.data_ptr();
+        a.dwdb = sums.data(), a.dwdb_dtype = LNF_FLOAT64;
+        a.M = M, a.D = D, a.nchunks = 0;
+        a.has_dz = dz.defined(), a.centered = centered;
+        a.nthreads = threads(M * D, true);
+        check(backward_rows(&a), "the backward pass");
+    }
+    at::IntArrayRef norm = x.sizes().slice(x.dim() - k);
+    Tensor dw = rounded(sums.data(), D, gt).view(norm);
+    Tensor db = centered ? rounded(sums.data() + D, D, gt).view(norm) : x.new_empty({0}, gt);
+    return {dx, dw, db};
+}
+
+// --- autograd ------------------------------------------------------------------
+
+using NormSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
+    const Tensor &, const optional<Tensor> &, const optional<Tensor> &, const optional<Tensor> &,
+    c10::SymInt, double, bool);
+using NormBackwardSig = std::tuple<Tensor, Tensor, Tensor>(
+    const Tensor &, const Tensor &, const Tensor &, const Tensor &, const optional<Tensor> &,
+    const optional<Tensor> &, c10::SymInt, bool);
+
+c10::TypedOperatorHandle<NormSig> norm_op()
+{
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lnfast::norm", "")
+                         .typed<NormSig>();
+    return op;
+}
+
+c10::TypedOperatorHandle<NormBackwardSig> norm_backward_op()
+{
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lnfast::norm_backward", "")
+                         .typed<NormBackwardSig>();
+    return op;
+}
+
+// lnfast::norm's derivative (lnfast/torch.py's _op_backward, for CPU
+// tensors): the operators below autograd, so that torch.compile traces
+// through their fake kernels.  With create_graph, norm_backward is called
+// through autograd, where its lack of a derivative is PyTorch's error.
+struct Norm : public torch::autograd::Function<Norm> {
+    static variable_list forward(AutogradContext *ctx, const Tensor &x,
+                                 const optional<Tensor> &residual, const optional<Tensor> &weight,
+                                 const optional<Tensor> &bias, c10::SymInt k, double eps,
+                                 bool centered)
+    {
+        at::AutoDispatchBelowADInplaceOrView below;
+        ctx->set_materialize_grads(false);      // (undefined: zeros made only where needed)
+        auto [y, z, mean, rstd] = norm_op().call(x, residual, weight, bias, k, eps, centered);
+        bool fused = residual.has_value();
+        ctx->save_for_backward({fused ? z : x, mean, rstd, weight.value_or(Tensor())});
+        ctx->saved_data["k"] = k;
+        // (one entry for the flags: each costs a map node)
+        ctx->saved_data["flags"] = (int64_t)(centered | fused << 1 | weight.has_value() << 2
+                                             | bias.has_value() << 3);
+        ctx->mark_non_differentiable(fused ? variable_list{mean, rstd}
+                                           : variable_list{z, mean, rstd});
+        return {y, z, mean, rstd};
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    {
+        variable_list saved = ctx->get_saved_variables();
+        const Tensor &src = saved[0];
+        int64_t flags = ctx->saved_data["flags"].toInt();
+        bool centered = flags & 1, fused = flags & 2;
+        Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(src);
+        optional<Tensor> dz, weight;
+        if (fused)
+            dz = grads[1].defined() ? grads[1] : at::zeros_like(src);
+        if (saved[3].defined())
+            weight = saved[3];
+        c10::SymInt k = ctx->saved_data["k"].toSymInt();
+        std::tuple<Tensor, Tensor, Tensor> g;
+        if (at::GradMode::is_enabled()) {
+            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered);
+        } else {
+            at::AutoDispatchBelowADInplaceOrView below;
+            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered);
+        }
+        auto [dx, dw, db] = g;
+        return {dx, fused ? dx : Tensor(), flags & 4 ? dw : Tensor(), flags & 8 ? db : Tensor(),
+                Tensor(), Tensor(), Tensor()};
+    }
+};
+
+std::tuple<Tensor, Tensor, Tensor, Tensor>
+norm_autograd(const Tensor &x, const optional<Tensor> &residual, const optional<Tensor> &weight,
+              const optional<Tensor> &bias, c10::SymInt k, double eps, bool centered)
+{
+    variable_list out = Norm::apply(x, residual, weight, bias, k, eps, centered);
+    return {out[0], out[1], out[2], out[3]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lnfast, CPU, m)
+{
+    m.impl("norm", TORCH_FN(norm_cpu));
+    m.impl("norm_backward", TORCH_FN(norm_backward_cpu));
+}
+
+TORCH_LIBRARY_IMPL(lnfast, AutogradCPU, m)
+{
+    m.impl("norm", TORCH_FN(norm_autograd));
+}
+
+extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *round16,
+                                     void *cmalloc, void *cfree, size_t cmin, PyObject *threads,
+                                     int64_t bmin)
+{
+    array_init = (int (*)(lnf_array *, void *, int, int, const ptrdiff_t *,
+                          const ptrdiff_t *))init;
+    forward_rows = (int (*)(const lnf_forward_args *))fwd;
+    backward_rows = (int (*)(const lnf_backward_args *))bwd;
+    round_to_16bit = (void (*)(const double *, unsigned short *, ptrdiff_t, int))round16;
+    cache_malloc = (void *(*)(void *, size_t))cmalloc;
+    cache_free = (void (*)(void *, void *, size_t))cfree;
+    cache_min = cmin;
+    Py_XINCREF(threads);
+    Py_XDECREF(threads_for);
+    threads_for = threads;
+    backward_min = bmin;
+}

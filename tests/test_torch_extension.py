@@ -1,0 +1,180 @@
+"""lnfast.torch's C++ kernels (torch_ext/lnfast_torch.cc): built on first
+import, serving CPU tensors with the same bits as the Python kernels, and
+a clear fallback where they cannot be built."""
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+lt = pytest.importorskip("lnfast.torch")
+import lnfast  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+HAVE_COMPILER = bool(os.environ.get("CXX") or any(shutil.which(c) for c in ("c++", "g++",
+                                                                              "clang++")))
+SWITCHED_OFF = os.environ.get("LNFAST_TORCH_EXTENSION", "").strip() == "0"
+
+# Every case: (name, a function of a torch.Generator returning the outputs
+# and the gradients of a forward and backward through lnfast.torch).
+CASES = """
+import torch
+import lnfast.torch as lt
+
+def run(fn, inputs, gen):
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    douts = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
+    need = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    return [o.detach() for o in outs] + list(torch.autograd.grad(outs, need, douts))
+
+def t(gen, *shape, dtype, grad=True, shift=0.0):
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * 2 + shift).to(dtype) \\
+        .requires_grad_(grad)
+
+def cases():
+    out = {}
+    for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        g = torch.Generator().manual_seed(1)
+        name = str(dt).split(".")[1]
+        x, w, b = t(g, 6, 7, 33, dtype=dt, shift=3.0), t(g, 33, dtype=dt), t(g, 33, dtype=dt)
+        out["layer_norm " + name] = run(lambda x, w, b: lt.layer_norm(x, 33, w, b), (x, w, b), g)
+        out["layer_norm no affine " + name] = run(lambda x: lt.layer_norm(x, 33), (x,), g)
+        out["rms_norm " + name] = run(lambda x, w: lt.rms_norm(x, 33, w), (x, w), g)
+        r = t(g, 6, 7, 33, dtype=dt)
+        out["add_layer_norm " + name] = run(lambda x, r, w, b: lt.add_layer_norm(x, r, 33, w, b),
+                                            (x, r, w, b), g)
+        x2, w2 = t(g, 4, 5, 8, dtype=dt), t(g, 5, 8, dtype=dt)
+        out["two axes " + name] = run(lambda x, w: lt.layer_norm(x, (5, 8), w), (x2, w2), g)
+        xs = t(g, 12, 40, dtype=dt, grad=False)[:, ::2].requires_grad_()
+        out["strided " + name] = run(lambda x: lt.rms_norm(x, 20), (xs,), g)
+    g = torch.Generator().manual_seed(2)
+    x, w, b = (t(g, 9, 64, dtype=torch.bfloat16), t(g, 64, dtype=torch.float32),
+               t(g, 64, dtype=torch.float32))
+    out["bfloat16, float32 weight"] = run(lambda x, w, b: lt.layer_norm(x, 64, w, b), (x, w, b), g)
+    x, w = t(g, 9, 64, dtype=torch.float64), t(g, 64, dtype=torch.float32)
+    out["float64, float32 weight"] = run(lambda x, w: lt.layer_norm(x, 64, w), (x, w), g)
+    x, w, b = t(g, 96, 1024, dtype=torch.float32), t(g, 1024, dtype=torch.float32), \\
+        t(g, 1024, dtype=torch.float32)
+    out["threaded"] = run(lambda x, w, b: lt.layer_norm(x, 1024, w, b), (x, w, b), g)
+    x, w = t(g, 0, 16, dtype=torch.float32), t(g, 16, dtype=torch.float32)
+    out["no rows"] = run(lambda x, w: lt.layer_norm(x, 16, w), (x, w), g)
+    return out
+"""
+
+
+def _python(code, **env):
+    env = dict(os.environ, **env)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=900, env=env)
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.mark.skipif(not HAVE_COMPILER or SWITCHED_OFF, reason="needs a C++ compiler")
+def test_the_cpp_kernels_serve_cpu_tensors():
+    assert lt._EXT is not None
+    for key in ("CPU", "AutogradCPU"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("lnfast::norm", key)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("lnfast::norm_backward", "CPU")
+    x = torch.randn(3, 8, requires_grad=True)
+    assert type(lt.layer_norm(x, 8).grad_fn).__name__ == "CppFunction"
+
+
+def test_the_same_bits_as_the_python_kernels(tmp_path):
+    code = CASES + f"\ntorch.save(cases(), {str(tmp_path / 'python.pt')!r})\n"
+    _python(code, LNFAST_TORCH_EXTENSION="0")
+    want = torch.load(tmp_path / "python.pt")
+    namespace = {}
+    exec(CASES, namespace)
+    got = namespace["cases"]()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert len(got[name]) == len(want[name]), name
+        for g, w in zip(got[name], want[name]):
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            assert torch.equal(g, w), name
+
+
+def test_switched_off(tmp_path):
+    code = ("import warnings; warnings.simplefilter('error'); import torch, lnfast.torch as lt; "
+            "assert lt._EXT is None; x = torch.randn(4, 8, requires_grad=True); "
+            "lt.layer_norm(x, 8).sum().backward(); print(type(x.grad).__name__)")
+    p = _python(code, LNFAST_TORCH_EXTENSION="0", LNFAST_CACHE_DIR=str(tmp_path / "c"))
+    assert p.stdout.strip() == "Tensor"
+    assert not (tmp_path / "c").exists()
+
+
+def test_without_a_compiler_a_warning_and_the_python_kernels(tmp_path):
+    code = ("import warnings, torch\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import lnfast.torch as lt\n"
+            "assert lt._EXT is None\n"
+            "assert any(issubclass(m.category, RuntimeWarning) for m in w), w\n"
+            "print(*(str(m.message) for m in w))\n"
+            "x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)\n"
+            "assert torch.autograd.gradcheck(lambda x: lt.layer_norm(x, 8), (x,))\n")
+    p = _python(code, LNFAST_TORCH_EXTENSION="", CXX=str(tmp_path / "no-such-c++"),
+                LNFAST_CACHE_DIR=str(tmp_path / "empty"))
+    assert "C++ compiler" in p.stdout and "LNFAST_TORCH_EXTENSION=0" in p.stdout, p.stdout
+
+
+def test_any_thread_count_gives_the_same_bits():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 2048, generator=g, requires_grad=True)
+    r = torch.randn(64, 2048, generator=g, requires_grad=True)
+    w, b = torch.randn(2048, generator=g, requires_grad=True), torch.randn(2048, generator=g)
+    runs = []
+    for n in (1, 2, 3):
+        lnfast.set_num_threads(n)
+        try:
+            y, z = lt.add_layer_norm(x, r, 2048, w, b)
+            runs.append([y, z, *torch.autograd.grad((y, z), (x, r, w), (torch.ones_like(y), z))])
+        finally:
+            lnfast.set_num_threads(None)
+    for other in runs[1:]:
+        assert all(torch.equal(a, c) for a, c in zip(runs[0], other))
+
+
+def test_a_bad_thread_count_in_the_environment_is_a_value_error(monkeypatch):
+    x = torch.randn(4, 8, requires_grad=True)
+    monkeypatch.setenv("LNFAST_NUM_THREADS", "many")
+    with pytest.raises(ValueError, match="LNFAST_NUM_THREADS"):
+        lt.layer_norm(x, 8)
+    with pytest.raises(ValueError, match="LNFAST_NUM_THREADS"):
+        lt.rms_norm(x.detach(), 8)
+
+
+def test_calls_from_several_threads_at_once():
+    g = torch.Generator().manual_seed(4)
+    xs = [torch.randn(256, 512, generator=g, requires_grad=True) for _ in range(8)]
+    w = torch.randn(512, generator=g, requires_grad=True)
+
+    def step(x):
+        y = lt.layer_norm(x, 512, w)
+        return [y.detach(), *torch.autograd.grad(y.square().sum(), (x, w))]
+
+    alone = [step(x) for x in xs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(step, xs * 3))
+    for k, got in enumerate(together):
+        assert all(torch.equal(a, b) for a, b in zip(got, alone[k % len(xs)]))
+
+
+def test_expanded_and_missing_gradients():
+    # the gradient of a sum arrives expanded (every stride 0); a z unused
+    # gets none
+    x = torch.randn(5, 16, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(5, 16, dtype=torch.float64, requires_grad=True)
+    y, _ = lt.add_layer_norm(x, r, 16)
+    y.sum().backward()
+    want_x = x.detach().clone().requires_grad_()
+    F.layer_norm(want_x + r.detach(), (16,)).sum().backward()
+    torch.testing.assert_close(x.grad, want_x.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(r.grad, want_x.grad, rtol=1e-12, atol=1e-12)
