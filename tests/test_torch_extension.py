@@ -64,6 +64,13 @@ def cases():
     out["threaded"] = run(lambda x, w, b: lt.layer_norm(x, 1024, w, b), (x, w, b), g)
     x, w = t(g, 0, 16, dtype=torch.float32), t(g, 16, dtype=torch.float32)
     out["no rows"] = run(lambda x, w: lt.layer_norm(x, 16, w), (x, w), g)
+    # tensors over a byte buffer, one byte in: not aligned to their elements
+    data = t(g, 5 * 16 + 16, dtype=torch.float32, grad=False)
+    buf = bytearray(1) + bytearray(data.numpy().tobytes())
+    x = torch.frombuffer(buf, dtype=torch.float32, offset=1, count=80).view(5, 16)
+    w = torch.frombuffer(buf, dtype=torch.float32, offset=1 + 80 * 4, count=16)
+    out["misaligned"] = run(lambda x, w: lt.layer_norm(x, 16, w),
+                            (x.requires_grad_(), w.requires_grad_()), g)
     return out
 """
 
@@ -78,6 +85,7 @@ def _python(code, **env):
 
 @pytest.mark.skipif(not HAVE_COMPILER or SWITCHED_OFF, reason="needs a C++ compiler")
 def test_the_cpp_kernels_serve_cpu_tensors():
+    # (where a compiler is found, a build that fails is a failure here)
     assert lt._EXT is not None
     for key in ("CPU", "AutogradCPU"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key("lnfast::norm", key)
@@ -86,6 +94,7 @@ def test_the_cpp_kernels_serve_cpu_tensors():
     assert type(lt.layer_norm(x, 8).grad_fn).__name__ == "CppFunction"
 
 
+@pytest.mark.skipif(lt._EXT is None, reason="the C++ kernels are not built here")
 def test_the_same_bits_as_the_python_kernels(tmp_path):
     code = CASES + f"\ntorch.save(cases(), {str(tmp_path / 'python.pt')!r})\n"
     _python(code, LNFAST_TORCH_EXTENSION="0")
@@ -178,3 +187,18 @@ def test_expanded_and_missing_gradients():
     F.layer_norm(want_x + r.detach(), (16,)).sum().backward()
     torch.testing.assert_close(x.grad, want_x.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(r.grad, want_x.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_mode_ad_is_an_error_not_a_dropped_tangent():
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level():
+        x = fwad.make_dual(torch.randn(3, 8), torch.ones(3, 8))
+        w = fwad.make_dual(torch.randn(8), torch.ones(8))
+        with pytest.raises(NotImplementedError, match="forward-mode"):
+            lt.layer_norm(x, 8)
+        with pytest.raises(NotImplementedError, match="forward-mode"):
+            lt.rms_norm(torch.randn(3, 8), 8, w)
+        # tensors that are not dual still work inside the level
+        y = lt.layer_norm(torch.randn(3, 8), 8)
+        assert fwad.unpack_dual(y).tangent is None

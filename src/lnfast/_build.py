@@ -4,8 +4,9 @@ operator kernels.
 
 Each is compiled once with the machine's C++ compiler ($CXX, else c++,
 g++ or clang++) and kept (LNFAST_CACHE_DIR, else $XDG_CACHE_HOME/lnfast or
-~/.cache/lnfast, else a temporary folder) under a name that changes with
-its sources, the headers it includes, the framework's version, the
+~/.cache/lnfast, else a folder of the user's own in the temporary
+directory) under a name that changes with its source, lnfast's C API, the
+framework headers and versions its caller names, Python's version, the
 compiler and the machine.  They link none of lnfast: lnfast._cpu hands
 them the C API's addresses when they are loaded.  What goes wrong is an
 ImportError that says what it needs.
@@ -18,6 +19,7 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).parent
@@ -27,7 +29,8 @@ API_HEADERS = (HERE / "cpu" / "lnfast_cpu.h", HERE / "cpu" / "config.h")
 
 def _cache_dirs():
     """Where a library may be kept: LNFAST_CACHE_DIR, else the user's
-    cache; then a temporary directory, where those cannot be written."""
+    cache; then a folder of the user's own in the temporary directory,
+    where those cannot be written."""
     env = os.environ.get("LNFAST_CACHE_DIR")
     if env:
         yield pathlib.Path(env)
@@ -36,6 +39,16 @@ def _cache_dirs():
         yield pathlib.Path(base) / "lnfast"
     user = os.getuid() if hasattr(os, "getuid") else 0
     yield pathlib.Path(tempfile.gettempdir()) / f"lnfast-{user}"
+
+
+def _private(folder):
+    """`folder` in the shared temporary directory, made for this user alone;
+    an OSError where it exists as someone else's or others may write to it
+    (they could put a library there to be loaded)."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    st = folder.stat()
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        raise OSError(f"{folder} belongs to another user or others may write to it")
 
 
 def compiler(who, what):
@@ -87,27 +100,39 @@ def _compile(out, cmd, who, what):
 def load(who, what, stem, source, flags, headers, versions, libraries=()):
     """The library compiled from `source` with `flags` (and linked with
     `libraries`, which follow the source), loaded: from the cache, else
-    compiled first (again where a cached file does not load).  who, what:
-    the module that asks and what the library is, for errors; `headers`:
-    the files besides the source and lnfast's API whose change makes it
-    another library; `versions`: strings that do the same (the framework's
-    version)."""
+    compiled first (again, once, where a cached file does not load).  who,
+    what: the module that asks and what the library is, for errors;
+    `headers`: the files besides the source and lnfast's API whose change
+    makes it another library; `versions`: strings that do the same (the
+    framework's version)."""
     cxx = compiler(who, what)
     flags = [*flags, f"-I{API_HEADERS[0].parent}", str(source), *libraries]
-    name = _key(stem, cxx, flags, (source, *API_HEADERS, *headers), versions, (who, "its version"))
+    try:
+        name = _key(stem, cxx, flags, (source, *API_HEADERS, *headers),
+                    (*versions, sys.version), (who, "its version"))
+    except OSError as e:                    # (a file missing from the installation)
+        raise ImportError(f"{who} cannot build {what}: {e}") from None
     errors = []
-    for folder in _cache_dirs():
+    folders = list(_cache_dirs())
+    for folder in folders:
         out = folder / name
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for attempt in range(2):
-                if not out.exists():
-                    _compile(out, cxx + flags, who, what)
+            if folder == folders[-1]:
+                _private(folder)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+            if out.exists():
                 try:
                     return ctypes.CDLL(str(out))
-                except OSError as e:        # (a damaged file: compiled again, once)
+                except OSError as e:        # (a damaged file: compiled again)
                     errors.append(f"{out}: {e}")
                     out.unlink()
+            _compile(out, cxx + flags, who, what)
         except OSError as e:                # (a folder that cannot be written)
             errors.append(f"{folder}: {e}")
+            continue
+        try:
+            return ctypes.CDLL(str(out))
+        except OSError as e:                # (freshly built, and still not loadable)
+            raise ImportError(f"{who} could not load {what}: {e}") from None
     raise ImportError(f"{who} could not keep or load {what}: " + "; ".join(errors))

@@ -32,13 +32,17 @@ from typing import Optional, Union
 import ml_dtypes
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 import lnfast
-from lnfast import _build, _checks, _cpu, _pool, _threads
+from lnfast import _axes, _build, _checks, _cpu, _pool, _threads
+from lnfast._dispatch import backend
 
 __all__ = ["LayerNorm", "RMSNorm", "add_layer_norm", "layer_norm", "replace_norms", "rms_norm"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_NUMPY = dict(zip(_DTYPES, map(np.dtype, (np.float32, np.float64, np.float16,
+                                          ml_dtypes.bfloat16))))
 
 
 class _ValueError(ValueError, RuntimeError):
@@ -103,10 +107,19 @@ def _forward(xa, ra, wa, ba, k, eps, centered, stats=True):
     return y, None, None, rstd
 
 
-def _backward(dya, xa, mean, rstd, wa, dza, k, centered):
+def _backward(dya, xa, mean, rstd, wa, dza, k, centered, bias_dtype=None):
     """(dx, dweight, dbias) arrays over the last k axes; xa is z for the
-    fused step (dza then its gradient); dbias None for RMSNorm."""
+    fused step (dza then its gradient); dbias None for RMSNorm, else in
+    bias_dtype (a NumPy dtype) where given, in dweight's otherwise."""
     ax = _axis(xa.ndim, k)
+    grads = np.dtype(_checks.compute_dtype(xa.dtype)) if wa is None else wa.dtype
+    if centered and bias_dtype is not None and bias_dtype != grads:
+        # (a bias of another dtype than the weight's: each gradient rounded
+        # once from the float64 sums to its own dtype)
+        kernels = backend("x dy mean rstd weight", xa, dya, mean, rstd, wa)
+        dx, dw, db = _axes.backward(kernels, dya, xa, mean, rstd, wa, dza, True, "x", ax,
+                                    partials=True)
+        return dx, _axes.rounded(dw, grads), _axes.rounded(db, bias_dtype)
     if dza is not None:
         return lnfast.add_layer_norm_backward(dya, xa, mean, rstd, wa, dz=dza, axis=ax)
     if centered:
@@ -160,19 +173,22 @@ def _(x, residual, weight, bias, k, eps, centered):
 @torch.library.custom_op("lnfast::norm_backward", mutates_args=())
 def _norm_backward_op(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                       weight: Optional[torch.Tensor], dz: Optional[torch.Tensor], k: int,
-                      centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      centered: bool, bias_dtype: Optional[torch.dtype]
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # (bias_dtype: dbias's dtype, where the bias's is not the weight's)
     dx, dw, db = _on_stream(x, _backward, _array(dy), _array(x),
                             _array(mean) if centered else None, _array(rstd), _array(weight),
-                            _array(dz), k, centered)
+                            _array(dz), k, centered,
+                            None if bias_dtype is None else _NUMPY[bias_dtype])
     dw = _tensor(dw)
     return _tensor(dx), dw, _or_empty(db, x, dw.dtype)
 
 
 @_norm_backward_op.register_fake
-def _(dy, x, mean, rstd, weight, dz, k, centered):
+def _(dy, x, mean, rstd, weight, dz, k, centered, bias_dtype):
     norm = x.shape[x.dim() - k:]
     grads = _compute_dtype(x.dtype) if weight is None else weight.dtype
-    db = x.new_empty(norm, dtype=grads) if centered else x.new_empty(0, dtype=grads)
+    db = x.new_empty(norm, dtype=bias_dtype or grads) if centered else x.new_empty(0, dtype=grads)
     return x.new_empty(x.shape), x.new_empty(norm, dtype=grads), db
 
 
@@ -201,6 +217,7 @@ def _needed(ctx, dx, dw, db):
 
 def _remember(ctx, residual, weight, bias, k, centered):
     ctx.k, ctx.centered = k, centered
+    ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.fused, ctx.has_weight, ctx.has_bias = (residual is not None, weight is not None,
                                                bias is not None)
 
@@ -215,7 +232,7 @@ def _op_backward(ctx, dy, dz, dmean, drstd):
     src, mean, rstd, weight = ctx.saved_tensors
     dy, dz = _incoming(src, dy, dz, ctx.fused)
     return _needed(ctx, *_norm_backward_op(dy, src, mean, rstd, weight, dz, ctx.k,
-                                           ctx.centered))
+                                           ctx.centered, ctx.bias_dtype))
 
 
 _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -239,12 +256,16 @@ def _extension():
              f"-I{sysconfig.get_paths()['include']}"]
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]      # (Python's own symbols)
+    # (PyTorch's build configuration, beside its version: a source build may
+    # say "Unknown" for its git version)
+    config = [f for f in (root / "include" / "ATen" / "Config.h",
+                          root / "include" / "c10" / "macros" / "cmake_macros.h") if f.exists()]
     try:
         ext = _build.load("lnfast.torch", "its C++ operator kernels", "lnfast_torch",
                           pathlib.Path(__file__).parent / "torch_ext" / "lnfast_torch.cc", flags,
-                          [], [torch.__version__, str(torch.version.git_version)],
+                          config, [torch.__version__, str(torch.version.git_version)],
                           [f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"])
-    except ImportError as e:
+    except (ImportError, OSError) as e:
         warnings.warn(f"{e}\nlnfast.torch goes on with its Python kernels, which cost more per "
                       "call (set LNFAST_TORCH_EXTENSION=0 to skip the build)", RuntimeWarning,
                       stacklevel=3)
@@ -295,9 +316,10 @@ class _Norm(torch.autograd.Function):
             stats = _compute_dtype(src.dtype)
             return _needed(ctx, *_norm_backward_op(
                 dy, src, _or_empty(mean, src, stats), _tensor(rstd), weight, dz, ctx.k,
-                ctx.centered))
+                ctx.centered, ctx.bias_dtype))
         dx, dw, db = _on_stream(src, _backward, _array(dy), srca, mean, rstd, wa, _array(dz),
-                                ctx.k, ctx.centered)
+                                ctx.k, ctx.centered,
+                                None if ctx.bias_dtype is None else _NUMPY[ctx.bias_dtype])
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
 
@@ -308,6 +330,11 @@ def _apply(x, residual, weight, bias, k, eps, centered):
     """(y, z) through the operator while torch.compile traces or where the
     C++ kernels serve x, else through _Norm where a gradient may be asked
     for, else straight."""
+    if _forward_ad._current_level >= 0 and any(
+            t is not None and _forward_ad.unpack_dual(t).tangent is not None
+            for t in (x, residual, weight, bias)):
+        raise NotImplementedError("lnfast.torch computes no forward-mode derivative (jvp): "
+                                  "its inputs must not be dual tensors")
     if torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu):
         y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
         return y, None if residual is None else z

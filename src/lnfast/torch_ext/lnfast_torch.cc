@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -69,6 +70,13 @@ int lnf_type(at::ScalarType t)
 at::ScalarType compute_type(at::ScalarType t)
 {
     return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// t, or an aligned copy: the kernels load elements of their own type (a
+// tensor over a byte buffer may start anywhere).
+Tensor aligned(const Tensor &t)
+{
+    return (uintptr_t)t.data_ptr() % t.element_size() ? t.clone() : t;
 }
 
 // The kernels' thread count for a call over n elements, from Python.
@@ -132,18 +140,31 @@ void vector(lnf_array *a, const Tensor &t)
                 "lnfast: cannot describe a vector of ", t.scalar_type());
 }
 
-// weight or bias as the kernels take it (lnfast._kernels.as_param): 16-bit
-// or of the compute type as it is, else in the compute type; a constant
-// where not given.
-Tensor param(const optional<Tensor> &p, int64_t D, at::ScalarType ct, double fill)
+// weight or bias (`name`) as the kernels take it (lnfast._kernels.as_param):
+// of x's dtype or float32 (lnfast.torch's rule), 16-bit or of the compute
+// type as it is, else in the compute type; a constant where not given.
+Tensor param(const optional<Tensor> &p, const Tensor &x, int64_t k, at::ScalarType ct,
+             double fill, const char *name)
 {
+    at::IntArrayRef norm = x.sizes().slice(x.dim() - k);
     if (!p.has_value())
-        return at::full({D}, fill, at::TensorOptions().dtype(ct));
-    TORCH_CHECK(p->numel() == D, "lnfast: a weight or bias of ", p->numel(),
-                " elements for rows of ", D);
+        return at::full({c10::multiply_integers(norm)}, fill, at::TensorOptions().dtype(ct));
+    TORCH_CHECK_TYPE(p->scalar_type() == x.scalar_type() || p->scalar_type() == at::kFloat, name,
+                     " must have input's dtype (", x.scalar_type(), ") or float32, got ",
+                     p->scalar_type());
+    TORCH_CHECK_VALUE(p->sizes() == norm, name, " must have shape ", norm,
+                      " (the normalized axes'), got ", p->sizes());
     bool kept = p->scalar_type() == ct || p->element_size() == 2;
-    Tensor v = (kept ? *p : p->to(ct)).contiguous();
-    return v.dim() == 1 ? v : v.reshape({D});
+    return aligned((kept ? *p : p->to(ct)).contiguous()).view({-1});
+}
+
+// A tensor of x's shape and dtype (`name`), contiguous and aligned.
+Tensor like_x(const Tensor &t, const Tensor &x, const char *name)
+{
+    TORCH_CHECK_VALUE(t.sizes() == x.sizes() && t.scalar_type() == x.scalar_type(), name,
+                      " must have x's shape and dtype (", x.sizes(), ", ", x.scalar_type(),
+                      "), got (", t.sizes(), ", ", t.scalar_type(), ")");
+    return aligned(t.contiguous());
 }
 
 void check(int status, const char *what)
@@ -155,10 +176,12 @@ void check(int status, const char *what)
 // The row count and length of x over its last k axes.
 std::pair<int64_t, int64_t> shape(const Tensor &x, int64_t k)
 {
-    TORCH_CHECK(k >= 1 && k <= x.dim(), "lnfast: cannot normalize the last ", k, " axes of a ",
-                x.dim(), "-dimensional tensor");
+    TORCH_CHECK_TYPE(lnf_type(x.scalar_type()) >= 0,
+                     "input must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
+    TORCH_CHECK_VALUE(k >= 1 && k <= x.dim(), "k: cannot normalize the last ", k, " axes of a ",
+                      x.dim(), "-dimensional input");
     int64_t D = c10::multiply_integers(x.sizes().slice(x.dim() - k));
-    TORCH_CHECK(D >= 1, "lnfast: normalized_shape must not be empty");
+    TORCH_CHECK_VALUE(D >= 1, "normalized_shape must not be empty (D >= 1)");
     return {x.numel() / D, D};
 }
 
@@ -167,22 +190,20 @@ norm_cpu(const Tensor &x_, const optional<Tensor> &residual, const optional<Tens
          const optional<Tensor> &bias, c10::SymInt k_, double eps, bool centered)
 {
     TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, "eps must be finite and >= 0, got ", eps);
-    Tensor x = x_.contiguous();
-    auto [M, D] = shape(x, k_.expect_int());
-    int xt = lnf_type(x.scalar_type());
-    TORCH_CHECK(xt >= 0, "lnfast: input must be float32, float64, float16 or bfloat16, got ",
-                x.scalar_type());
+    Tensor x = aligned(x_.contiguous());
+    int64_t k = k_.expect_int();
+    auto [M, D] = shape(x, k);
     at::ScalarType ct = compute_type(x.scalar_type());
-    at::IntArrayRef lead = x.sizes().slice(0, x.dim() - k_.expect_int());
+    at::IntArrayRef lead = x.sizes().slice(0, x.dim() - k);
     bool fused = residual.has_value();
-    Tensor r = fused ? residual->contiguous() : Tensor();
-    TORCH_CHECK(!fused || (r.sizes() == x.sizes() && r.scalar_type() == x.scalar_type()),
-                "lnfast: residual must have x's shape and dtype");
+    TORCH_CHECK_VALUE(!fused || centered, "residual: the fused step is LayerNorm (centered)");
+    Tensor r = fused ? like_x(*residual, x, "residual") : Tensor();
     Tensor y = output(x.sizes(), x.scalar_type());
     Tensor z = fused ? output(x.sizes(), x.scalar_type()) : x.new_empty({0});
     Tensor mean = centered ? output(lead, ct) : x.new_empty({0}, ct);
     Tensor rstd = output(lead, ct);
-    Tensor w = param(weight, D, ct, 1.0), b = centered ? param(bias, D, ct, 0.0) : Tensor();
+    Tensor w = param(weight, x, k, ct, 1.0, "weight");
+    Tensor b = centered ? param(bias, x, k, ct, 0.0, "bias") : Tensor();
     if (M == 0)
         return {y, z, mean, rstd};
     lnf_forward_args a;
@@ -223,25 +244,24 @@ Tensor rounded(const double *sums, int64_t D, at::ScalarType t)
 std::tuple<Tensor, Tensor, Tensor>
 norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, const Tensor &rstd_,
                   const optional<Tensor> &weight, const optional<Tensor> &dz_, c10::SymInt k_,
-                  bool centered)
+                  bool centered, optional<at::ScalarType> bias_dtype)
 {
-    Tensor x = x_.contiguous();
+    Tensor x = aligned(x_.contiguous());
     int64_t k = k_.expect_int();
     auto [M, D] = shape(x, k);
-    TORCH_CHECK(lnf_type(x.scalar_type()) >= 0,
-                "lnfast: x must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
     at::ScalarType ct = compute_type(x.scalar_type());
     at::ScalarType gt = weight.has_value() ? weight->scalar_type() : ct;   // dweight's dtype
-    Tensor dy = dy_.contiguous(), dz = dz_.has_value() ? dz_->contiguous() : Tensor();
-    TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type()
-                    && (!dz.defined() || (dz.sizes() == x.sizes()
-                                          && dz.scalar_type() == x.scalar_type())),
-                "lnfast: dy and dz must have x's shape and dtype");
-    Tensor rstd = rstd_.to(ct).contiguous();
-    Tensor mean = centered ? mean_.to(ct).contiguous() : Tensor();
-    TORCH_CHECK(rstd.numel() == M && (!centered || mean.numel() == M),
-                "lnfast: mean and rstd must have one value per row");
-    Tensor w = param(weight, D, ct, 1.0);
+    at::ScalarType bt = bias_dtype.value_or(gt);                           // dbias's
+    TORCH_CHECK_TYPE(lnf_type(bt) >= 0, "bias_dtype must be float32, float64, float16 or "
+                     "bfloat16, got ", bt);
+    Tensor dy = like_x(dy_, x, "dy"), dz = dz_.has_value() ? like_x(*dz_, x, "dz") : Tensor();
+    Tensor rstd = aligned(rstd_.to(ct).contiguous());
+    Tensor mean = centered ? aligned(mean_.to(ct).contiguous()) : Tensor();
+    TORCH_CHECK_VALUE(rstd.numel() == M, "rstd must have one value per row (", M, "), got ",
+                      rstd.numel());
+    TORCH_CHECK_VALUE(!centered || mean.numel() == M, "mean must have one value per row (", M,
+                      "), got ", mean.numel());
+    Tensor w = param(weight, x, k, ct, 1.0, "weight");
     Tensor dx = output(x.sizes(), x.scalar_type());
     std::vector<double> sums(2 * D, 0.0);      // (no rows: zero gradients)
     if (M > 0) {
@@ -263,7 +283,7 @@ norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, cons
     }
     at::IntArrayRef norm = x.sizes().slice(x.dim() - k);
     Tensor dw = rounded(sums.data(), D, gt).view(norm);
-    Tensor db = centered ? rounded(sums.data() + D, D, gt).view(norm) : x.new_empty({0}, gt);
+    Tensor db = centered ? rounded(sums.data() + D, D, bt).view(norm) : x.new_empty({0}, gt);
     return {dx, dw, db};
 }
 
@@ -274,7 +294,7 @@ using NormSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     c10::SymInt, double, bool);
 using NormBackwardSig = std::tuple<Tensor, Tensor, Tensor>(
     const Tensor &, const Tensor &, const Tensor &, const Tensor &, const optional<Tensor> &,
-    const optional<Tensor> &, c10::SymInt, bool);
+    const optional<Tensor> &, c10::SymInt, bool, optional<at::ScalarType>);
 
 c10::TypedOperatorHandle<NormSig> norm_op()
 {
@@ -306,9 +326,10 @@ struct Norm : public torch::autograd::Function<Norm> {
         bool fused = residual.has_value();
         ctx->save_for_backward({fused ? z : x, mean, rstd, weight.value_or(Tensor())});
         ctx->saved_data["k"] = k;
-        // (one entry for the flags: each costs a map node)
+        // (one entry for the flags and the bias's dtype: each costs a map node)
         ctx->saved_data["flags"] = (int64_t)(centered | fused << 1 | weight.has_value() << 2
-                                             | bias.has_value() << 3);
+                                             | bias.has_value() << 3)
+                                   | (bias.has_value() ? (int64_t)bias->scalar_type() << 4 : 0);
         ctx->mark_non_differentiable(fused ? variable_list{mean, rstd}
                                            : variable_list{z, mean, rstd});
         return {y, z, mean, rstd};
@@ -327,12 +348,17 @@ struct Norm : public torch::autograd::Function<Norm> {
         if (saved[3].defined())
             weight = saved[3];
         c10::SymInt k = ctx->saved_data["k"].toSymInt();
+        optional<at::ScalarType> bias_dtype;
+        if (flags & 8)
+            bias_dtype = (at::ScalarType)(flags >> 4);
         std::tuple<Tensor, Tensor, Tensor> g;
         if (at::GradMode::is_enabled()) {
-            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered);
+            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered,
+                                        bias_dtype);
         } else {
             at::AutoDispatchBelowADInplaceOrView below;
-            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered);
+            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered,
+                                        bias_dtype);
         }
         auto [dx, dw, db] = g;
         return {dx, fused ? dx : Tensor(), flags & 4 ? dw : Tensor(), flags & 8 ? db : Tensor(),
