@@ -197,10 +197,9 @@ def test_opcheck(gen):
         torch.library.opcheck(norm, args)
     y, _, mean, rstd = norm(x, None, w, b, 2, 1e-5, True)
     back = torch.ops.lnfast.norm_backward.default
-    for dz, centered, bias_dtype in [(None, True, None), (dy.detach(), True, None),
-                                     (None, False, None), (None, True, torch.float64)]:
+    for dz, centered in [(None, True), (dy.detach(), True), (None, False)]:
         torch.library.opcheck(back, (dy.detach(), x.detach(), mean.detach(), rstd.detach(),
-                                     w.detach(), dz, 2, centered, bias_dtype))
+                                     w.detach(), dz, 2, centered))
 
 
 def test_opcheck_bfloat16_strided_float32_weight(gen):
@@ -217,28 +216,39 @@ def test_opcheck_bfloat16_strided_float32_weight(gen):
     dy = randn(gen, 8, 5, dtype=torch.bfloat16).t()
     torch.library.opcheck(torch.ops.lnfast.norm_backward.default,
                           (dy, x.detach(), mean.detach(), rstd.detach(), w.detach(), None, 1,
-                           True, torch.bfloat16))
+                           True))
 
 
 @pytest.mark.parametrize("dtype,wdtype,bdtype", [
     (torch.float64, torch.float32, torch.float64), (torch.float64, torch.float64, torch.float32),
-    (torch.bfloat16, torch.float32, torch.bfloat16), (torch.float16, torch.float16, torch.float32)])
+    (torch.bfloat16, torch.float32, torch.bfloat16), (torch.float16, torch.float16, torch.float32),
+    (torch.bfloat16, None, torch.bfloat16)])
 def test_weight_and_bias_of_different_dtypes(gen, dtype, wdtype, bdtype):
-    # each gradient is the float64 sum rounded once to its own parameter's dtype
+    # each gradient is the float64 sum rounded once to its own parameter's
+    # dtype (without a weight, dweight's would be the compute dtype)
     x = randn(gen, 40, 24, dtype=dtype, grad=True)
-    w, b = randn(gen, 24, dtype=wdtype, grad=True), randn(gen, 24, dtype=bdtype, grad=True)
+    w = None if wdtype is None else randn(gen, 24, dtype=wdtype, grad=True)
+    b = randn(gen, 24, dtype=bdtype, grad=True)
     dy = randn(gen, 40, 24, dtype=dtype)
-    dw, db = torch.autograd.grad(lt.layer_norm(x, 24, w, b), (w, b), dy)
-    assert dw.dtype == wdtype and db.dtype == bdtype
-    x64 = x.detach().double()
-    xhat = (x64 - x64.mean(-1, keepdim=True)) / torch.sqrt(x64.var(-1, unbiased=False,
-                                                                    keepdim=True) + 1e-5)
-    want_db = dy.double().sum(0)
-    torch.testing.assert_close(db.double(), want_db, rtol=TOL[bdtype][0], atol=TOL[bdtype][1])
-    torch.testing.assert_close(dw.double(), (dy.double() * xhat).sum(0), rtol=TOL[wdtype][0],
-                               atol=TOL[wdtype][1] * 10)
-    if bdtype == torch.float64:         # (not rounded through the weight's float32)
-        torch.testing.assert_close(db, want_db, rtol=1e-13, atol=1e-13)
+    for fused in (False, True):
+        if fused:
+            r = randn(gen, 40, 24, dtype=dtype, grad=True)
+            y = lt.add_layer_norm(x, r, 24, w, b)[0]
+        else:
+            y = lt.layer_norm(x, 24, w, b)
+        *dw, db = torch.autograd.grad(y, [t for t in (w, b) if t is not None], dy)
+        assert db.dtype == bdtype and all(d.dtype == wdtype for d in dw)
+        want_db = dy.double().sum(0)
+        torch.testing.assert_close(db.double(), want_db, rtol=TOL[bdtype][0],
+                                   atol=TOL[bdtype][1])
+        if bdtype == torch.float64:         # (not rounded through the weight's float32)
+            torch.testing.assert_close(db, want_db, rtol=1e-13, atol=1e-13)
+        if w is not None and not fused:
+            x64 = x.detach().double()
+            xhat = (x64 - x64.mean(-1, keepdim=True)) / torch.sqrt(
+                x64.var(-1, unbiased=False, keepdim=True) + 1e-5)
+            torch.testing.assert_close(dw[0].double(), (dy.double() * xhat).sum(0),
+                                       rtol=TOL[wdtype][0], atol=TOL[wdtype][1] * 10)
 
 
 def test_inplace_change_after_forward_is_an_error(gen):

@@ -14,9 +14,7 @@ that are not neighbours) are computed in scratch and copied into place.
 """
 import math
 
-import numpy as np
-
-from lnfast import _checks, _cpu
+from lnfast import _checks
 
 
 class _Layout:
@@ -109,21 +107,3 @@ def backward(kernels, dy, x, mean, rstd, weight, dz, centered, x_name, axis, par
     if dx_rows is None:
         L.unrows(dxr, dx)
     return dx, dw.reshape(L.norm), db.reshape(L.norm)
-
-
-def rounded(total, dtype):
-    """float64 sums (backward's `partials`) rounded once to `dtype` (16-bit:
-    as the kernels round)."""
-    gpu = _checks.is_cupy(total)
-    host = total.get() if gpu else total
-    if dtype in _checks.HALF_DTYPES:
-        bits = _cpu.round_to_16bit(np.ascontiguousarray(host), dtype != np.float16)
-        out = bits.view(dtype)
-    else:
-        out = host.astype(dtype)
-    if not gpu:
-        return out
-    import cupy
-
-    with total.device:
-        return cupy.asarray(out)

@@ -35,14 +35,11 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 import lnfast
-from lnfast import _axes, _build, _checks, _cpu, _pool, _threads
-from lnfast._dispatch import backend
+from lnfast import _build, _checks, _cpu, _pool, _threads
 
 __all__ = ["LayerNorm", "RMSNorm", "add_layer_norm", "layer_norm", "replace_norms", "rms_norm"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_NUMPY = dict(zip(_DTYPES, map(np.dtype, (np.float32, np.float64, np.float16,
-                                          ml_dtypes.bfloat16))))
 
 
 class _ValueError(ValueError, RuntimeError):
@@ -107,19 +104,10 @@ def _forward(xa, ra, wa, ba, k, eps, centered, stats=True):
     return y, None, None, rstd
 
 
-def _backward(dya, xa, mean, rstd, wa, dza, k, centered, bias_dtype=None):
+def _backward(dya, xa, mean, rstd, wa, dza, k, centered):
     """(dx, dweight, dbias) arrays over the last k axes; xa is z for the
-    fused step (dza then its gradient); dbias None for RMSNorm, else in
-    bias_dtype (a NumPy dtype) where given, in dweight's otherwise."""
+    fused step (dza then its gradient); dbias None for RMSNorm."""
     ax = _axis(xa.ndim, k)
-    grads = np.dtype(_checks.compute_dtype(xa.dtype)) if wa is None else wa.dtype
-    if centered and bias_dtype is not None and bias_dtype != grads:
-        # (a bias of another dtype than the weight's: each gradient rounded
-        # once from the float64 sums to its own dtype)
-        kernels = backend("x dy mean rstd weight", xa, dya, mean, rstd, wa)
-        dx, dw, db = _axes.backward(kernels, dya, xa, mean, rstd, wa, dza, True, "x", ax,
-                                    partials=True)
-        return dx, _axes.rounded(dw, grads), _axes.rounded(db, bias_dtype)
     if dza is not None:
         return lnfast.add_layer_norm_backward(dya, xa, mean, rstd, wa, dz=dza, axis=ax)
     if centered:
@@ -173,22 +161,19 @@ def _(x, residual, weight, bias, k, eps, centered):
 @torch.library.custom_op("lnfast::norm_backward", mutates_args=())
 def _norm_backward_op(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                       weight: Optional[torch.Tensor], dz: Optional[torch.Tensor], k: int,
-                      centered: bool, bias_dtype: Optional[torch.dtype]
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # (bias_dtype: dbias's dtype, where the bias's is not the weight's)
+                      centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dx, dw, db = _on_stream(x, _backward, _array(dy), _array(x),
                             _array(mean) if centered else None, _array(rstd), _array(weight),
-                            _array(dz), k, centered,
-                            None if bias_dtype is None else _NUMPY[bias_dtype])
+                            _array(dz), k, centered)
     dw = _tensor(dw)
     return _tensor(dx), dw, _or_empty(db, x, dw.dtype)
 
 
 @_norm_backward_op.register_fake
-def _(dy, x, mean, rstd, weight, dz, k, centered, bias_dtype):
+def _(dy, x, mean, rstd, weight, dz, k, centered):
     norm = x.shape[x.dim() - k:]
     grads = _compute_dtype(x.dtype) if weight is None else weight.dtype
-    db = x.new_empty(norm, dtype=bias_dtype or grads) if centered else x.new_empty(0, dtype=grads)
+    db = x.new_empty(norm, dtype=grads) if centered else x.new_empty(0, dtype=grads)
     return x.new_empty(x.shape), x.new_empty(norm, dtype=grads), db
 
 
@@ -228,11 +213,29 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[1] if residual is not None else x, output[2], output[3], weight)
 
 
+def _as_bias(ctx, weight, src):
+    """The weight in the bias's dtype (ones where there is none): the
+    backward again with it gives dbias, which does not depend on the
+    weight, rounded once from its float64 sums to the bias's own dtype
+    where that is not the weight's."""
+    if weight is not None:
+        return weight.detach().to(ctx.bias_dtype)
+    return src.new_ones(src.shape[src.dim() - ctx.k:], dtype=ctx.bias_dtype)
+
+
+def _op_grads(ctx, dy, dz, src, mean, rstd, weight):
+    """_needed's gradients through the backward operator."""
+    dx, dw, db = _norm_backward_op(dy, src, mean, rstd, weight, dz, ctx.k, ctx.centered)
+    if ctx.bias_dtype is not None and ctx.bias_dtype != db.dtype:
+        db = _norm_backward_op(dy, src, mean, rstd, _as_bias(ctx, weight, src), dz, ctx.k,
+                               ctx.centered)[2]
+    return _needed(ctx, dx, dw, db)
+
+
 def _op_backward(ctx, dy, dz, dmean, drstd):
     src, mean, rstd, weight = ctx.saved_tensors
     dy, dz = _incoming(src, dy, dz, ctx.fused)
-    return _needed(ctx, *_norm_backward_op(dy, src, mean, rstd, weight, dz, ctx.k,
-                                           ctx.centered, ctx.bias_dtype))
+    return _op_grads(ctx, dy, dz, src, mean, rstd, weight)
 
 
 _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -314,13 +317,18 @@ class _Norm(torch.autograd.Function):
             # derivative: differentiating its result again is PyTorch's
             # error naming it, not a silent zero.
             stats = _compute_dtype(src.dtype)
-            return _needed(ctx, *_norm_backward_op(
-                dy, src, _or_empty(mean, src, stats), _tensor(rstd), weight, dz, ctx.k,
-                ctx.centered, ctx.bias_dtype))
+            return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
+                             weight)
         dx, dw, db = _on_stream(src, _backward, _array(dy), srca, mean, rstd, wa, _array(dz),
-                                ctx.k, ctx.centered,
-                                None if ctx.bias_dtype is None else _NUMPY[ctx.bias_dtype])
-        return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
+                                ctx.k, ctx.centered)
+        if db is None:              # (RMSNorm)
+            return _needed(ctx, _tensor(dx), _tensor(dw), None)
+        db = _tensor(db)
+        if ctx.bias_dtype is not None and ctx.bias_dtype != db.dtype:
+            db = _tensor(_on_stream(src, _backward, _array(dy), srca, mean, rstd,
+                                    _array(_as_bias(ctx, weight, src)), _array(dz), ctx.k,
+                                    ctx.centered)[2])
+        return _needed(ctx, _tensor(dx), _tensor(dw), db)
 
 
 _norm_apply = super(torch.autograd.Function, _Norm).apply

@@ -24,6 +24,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -244,16 +245,13 @@ Tensor rounded(const double *sums, int64_t D, at::ScalarType t)
 std::tuple<Tensor, Tensor, Tensor>
 norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, const Tensor &rstd_,
                   const optional<Tensor> &weight, const optional<Tensor> &dz_, c10::SymInt k_,
-                  bool centered, optional<at::ScalarType> bias_dtype)
+                  bool centered)
 {
     Tensor x = aligned(x_.contiguous());
     int64_t k = k_.expect_int();
     auto [M, D] = shape(x, k);
     at::ScalarType ct = compute_type(x.scalar_type());
     at::ScalarType gt = weight.has_value() ? weight->scalar_type() : ct;   // dweight's dtype
-    at::ScalarType bt = bias_dtype.value_or(gt);                           // dbias's
-    TORCH_CHECK_TYPE(lnf_type(bt) >= 0, "bias_dtype must be float32, float64, float16 or "
-                     "bfloat16, got ", bt);
     Tensor dy = like_x(dy_, x, "dy"), dz = dz_.has_value() ? like_x(*dz_, x, "dz") : Tensor();
     Tensor rstd = aligned(rstd_.to(ct).contiguous());
     Tensor mean = centered ? aligned(mean_.to(ct).contiguous()) : Tensor();
@@ -283,7 +281,7 @@ norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, cons
     }
     at::IntArrayRef norm = x.sizes().slice(x.dim() - k);
     Tensor dw = rounded(sums.data(), D, gt).view(norm);
-    Tensor db = centered ? rounded(sums.data() + D, D, bt).view(norm) : x.new_empty({0}, gt);
+    Tensor db = centered ? rounded(sums.data() + D, D, gt).view(norm) : x.new_empty({0}, gt);
     return {dx, dw, db};
 }
 
@@ -294,7 +292,7 @@ using NormSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     c10::SymInt, double, bool);
 using NormBackwardSig = std::tuple<Tensor, Tensor, Tensor>(
     const Tensor &, const Tensor &, const Tensor &, const Tensor &, const optional<Tensor> &,
-    const optional<Tensor> &, c10::SymInt, bool, optional<at::ScalarType>);
+    const optional<Tensor> &, c10::SymInt, bool);
 
 c10::TypedOperatorHandle<NormSig> norm_op()
 {
@@ -348,19 +346,24 @@ struct Norm : public torch::autograd::Function<Norm> {
         if (saved[3].defined())
             weight = saved[3];
         c10::SymInt k = ctx->saved_data["k"].toSymInt();
-        optional<at::ScalarType> bias_dtype;
-        if (flags & 8)
-            bias_dtype = (at::ScalarType)(flags >> 4);
-        std::tuple<Tensor, Tensor, Tensor> g;
-        if (at::GradMode::is_enabled()) {
-            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered,
-                                        bias_dtype);
-        } else {
+        auto call = [&](const optional<Tensor> &w) {
+            if (at::GradMode::is_enabled())
+                return norm_backward_op().call(dy, src, saved[1], saved[2], w, dz, k, centered);
             at::AutoDispatchBelowADInplaceOrView below;
-            g = norm_backward_op().call(dy, src, saved[1], saved[2], weight, dz, k, centered,
-                                        bias_dtype);
+            return norm_backward_op().call(dy, src, saved[1], saved[2], w, dz, k, centered);
+        };
+        auto [dx, dw, db] = call(weight);
+        // A bias of another dtype than the weight's: the backward again with
+        // the weight in the bias's dtype (ones where there is none) gives
+        // dbias, which does not depend on the weight, rounded once from its
+        // float64 sums to the bias's own dtype (lnfast/torch.py's _as_bias).
+        if (flags & 8 && (at::ScalarType)(flags >> 4) != db.scalar_type()) {
+            at::ScalarType bt = (at::ScalarType)(flags >> 4);
+            int64_t kk = k.expect_int();
+            db = std::get<2>(call(weight ? weight->detach().to(bt)
+                                         : at::ones(src.sizes().slice(src.dim() - kk),
+                                                    at::TensorOptions().dtype(bt))));
         }
-        auto [dx, dw, db] = g;
         return {dx, fused ? dx : Tensor(), flags & 4 ? dw : Tensor(), flags & 8 ? db : Tensor(),
                 Tensor(), Tensor(), Tensor()};
     }
