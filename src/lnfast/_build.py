@@ -76,7 +76,8 @@ def _key(stem, cxx, flags, files, versions, who):
     digest = hashlib.sha256(" ".join(cxx + flags).encode())
     for f in files:
         digest.update(f.read_bytes())
-    for part in (*versions, platform.machine(), _run(cxx + ["--version"], *who).stdout):
+    version = _run(cxx + ["--version"], who, "its version").stdout
+    for part in (*versions, platform.machine(), version):
         digest.update(part.encode())
     return f"{stem}-{digest.hexdigest()[:20]}.so"
 
@@ -109,7 +110,7 @@ def load(who, what, stem, source, flags, headers, versions, libraries=()):
     flags = [*flags, f"-I{API_HEADERS[0].parent}", str(source), *libraries]
     try:
         name = _key(stem, cxx, flags, (source, *API_HEADERS, *headers),
-                    (*versions, sys.version), (who, "its version"))
+                    (*versions, sys.version), who)
     except OSError as e:                    # (a file missing from the installation)
         raise ImportError(f"{who} cannot build {what}: {e}") from None
     errors = []

@@ -213,6 +213,13 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[1] if residual is not None else x, output[2], output[3], weight)
 
 
+def _bias_apart(ctx, weight, src):
+    """Whether the bias's dtype is not dweight's (the weight's, else the
+    compute dtype): dbias then takes a second backward pass (_as_bias)."""
+    grads = _compute_dtype(src.dtype) if weight is None else weight.dtype
+    return ctx.bias_dtype is not None and ctx.bias_dtype != grads
+
+
 def _as_bias(ctx, weight, src):
     """The weight in the bias's dtype (ones where there is none): the
     backward again with it gives dbias, which does not depend on the
@@ -226,7 +233,7 @@ def _as_bias(ctx, weight, src):
 def _op_grads(ctx, dy, dz, src, mean, rstd, weight):
     """_needed's gradients through the backward operator."""
     dx, dw, db = _norm_backward_op(dy, src, mean, rstd, weight, dz, ctx.k, ctx.centered)
-    if ctx.bias_dtype is not None and ctx.bias_dtype != db.dtype:
+    if _bias_apart(ctx, weight, src):
         db = _norm_backward_op(dy, src, mean, rstd, _as_bias(ctx, weight, src), dz, ctx.k,
                                ctx.centered)[2]
     return _needed(ctx, dx, dw, db)
@@ -252,17 +259,17 @@ def _extension():
     if os.environ.get("LNFAST_TORCH_EXTENSION", "").strip() == "0":
         return None
     root = pathlib.Path(torch.__file__).parent
-    lib = root / "lib"
+    lib, include = root / "lib", root / "include"
     flags = ["-std=c++20", "-O2", "-shared", "-fPIC",
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-             f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+             f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
              f"-I{sysconfig.get_paths()['include']}"]
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]      # (Python's own symbols)
     # (PyTorch's build configuration, beside its version: a source build may
     # say "Unknown" for its git version)
-    config = [f for f in (root / "include" / "ATen" / "Config.h",
-                          root / "include" / "c10" / "macros" / "cmake_macros.h") if f.exists()]
+    config = [f for f in (include / "ATen" / "Config.h",
+                          include / "c10" / "macros" / "cmake_macros.h") if f.exists()]
     try:
         ext = _build.load("lnfast.torch", "its C++ operator kernels", "lnfast_torch",
                           pathlib.Path(__file__).parent / "torch_ext" / "lnfast_torch.cc", flags,
@@ -312,23 +319,17 @@ class _Norm(torch.autograd.Function):
         src, weight = ctx.saved_tensors
         dy, dz = _incoming(src, dy, dz, ctx.fused)
         srca, wa, mean, rstd = ctx.arrays
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or _bias_apart(ctx, weight, src):
             # With create_graph, through the operator, which has no
             # derivative: differentiating its result again is PyTorch's
-            # error naming it, not a silent zero.
+            # error naming it, not a silent zero.  (A bias of another dtype
+            # than dweight's too: _op_grads' second pass.)
             stats = _compute_dtype(src.dtype)
             return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
                              weight)
         dx, dw, db = _on_stream(src, _backward, _array(dy), srca, mean, rstd, wa, _array(dz),
                                 ctx.k, ctx.centered)
-        if db is None:              # (RMSNorm)
-            return _needed(ctx, _tensor(dx), _tensor(dw), None)
-        db = _tensor(db)
-        if ctx.bias_dtype is not None and ctx.bias_dtype != db.dtype:
-            db = _tensor(_on_stream(src, _backward, _array(dy), srca, mean, rstd,
-                                    _array(_as_bias(ctx, weight, src)), _array(dz), ctx.k,
-                                    ctx.centered)[2])
-        return _needed(ctx, _tensor(dx), _tensor(dw), db)
+        return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
 
 _norm_apply = super(torch.autograd.Function, _Norm).apply
