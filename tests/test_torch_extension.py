@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -202,3 +203,129 @@ def test_forward_mode_ad_is_an_error_not_a_dropped_tangent():
         # tensors that are not dual still work inside the level
         y = lt.layer_norm(torch.randn(3, 8), 8)
         assert fwad.unpack_dual(y).tangent is None
+
+
+needs_eager = pytest.mark.skipif(getattr(lt, "_EAGER", None) is None,
+                                 reason="lnfast.torch's C++ kernels are not built here")
+
+
+def _general(monkeypatch):
+    """Calls without the C++ eager entry (lnfast/torch.py's own checks and
+    the operator through torch.ops): its results are the reference."""
+    monkeypatch.setattr(lt, "_EAGER", None)
+
+
+@needs_eager
+def test_the_eager_entry_takes_the_common_calls(monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, 24, generator=g, requires_grad=True)
+    r = torch.randn(4, 6, 24, generator=g, requires_grad=True)
+    w = torch.randn(24, generator=g, requires_grad=True)
+    w2 = torch.randn(6, 24, generator=g, requires_grad=True)
+    xb = x.detach().to(torch.bfloat16).requires_grad_()
+    ln, rms = lt.LayerNorm(24), lt.RMSNorm((6, 24))
+    calls = [lambda: lt.layer_norm(x, 24, w, w), lambda: lt.layer_norm(x, (6, 24), w2),
+             lambda: lt.layer_norm(x, torch.Size([24]), eps=0.0),
+             lambda: lt.rms_norm(x, 24, w), lambda: lt.rms_norm(xb, 24, w, eps=1e-3),
+             lambda: lt.rms_norm(xb, (6, 24)), lambda: lt.add_layer_norm(x, r, 24, w, w),
+             lambda: ln(x), lambda: rms(xb)]
+
+    def run(call):
+        out = call()
+        out = out if isinstance(out, tuple) else (out,)
+        need = [t for t in (x, r, w, w2, xb, *ln.parameters(), *rms.parameters())]
+        grads = torch.autograd.grad(sum(o.float().square().sum() for o in out), need,
+                                    allow_unused=True)
+        return [o.detach() for o in out] + [t for t in grads if t is not None]
+
+    general = monkeypatch.context()
+    with general as m:
+        _general(m)
+        want = [run(call) for call in calls]
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the general path was taken")
+
+    monkeypatch.setattr(lt, "_normalized", refused)
+    for call, expected in zip(calls, want):
+        got = run(call)
+        assert len(got) == len(expected)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+class _Tensor(torch.Tensor):
+    pass
+
+
+@needs_eager
+@pytest.mark.parametrize("change", [
+    "shape as a list", "shape of numpy ints", "shape of bools", "empty shape", "wrong shape",
+    "too many axes", "zero-sized axis", "eps an int", "eps a numpy float", "eps negative",
+    "eps nan", "eps None for LayerNorm", "weight of another shape", "weight float64",
+    "weight a list", "bias for RMSNorm", "no residual for the fused step",
+    "residual for LayerNorm", "residual of another dtype", "a Tensor subclass",
+    "the meta device", "an int64 input", "a sparse input", "a mode number", "six arguments"])
+def test_the_eager_entry_declines_what_it_does_not_take(change):
+    x, w, r = torch.randn(3, 8), torch.randn(8), torch.randn(3, 8)
+    args = {"x": x, "shape": (8,), "residual": None, "weight": w, "bias": None, "eps": 1e-5,
+            "mode": 0}
+    edits = {
+        "shape as a list": {"shape": [8]}, "shape of numpy ints": {"shape": (np.int64(8),)},
+        "shape of bools": {"shape": (True,), "x": torch.randn(3, 1), "weight": None},
+        "empty shape": {"shape": ()}, "wrong shape": {"shape": (7,)},
+        "too many axes": {"shape": (1, 3, 8)}, "zero-sized axis": {
+            "x": torch.randn(3, 0), "shape": (0,), "weight": None},
+        "eps an int": {"eps": 0}, "eps a numpy float": {"eps": np.float64(1e-5)},
+        "eps negative": {"eps": -1.0}, "eps nan": {"eps": float("nan")},
+        "eps None for LayerNorm": {"eps": None}, "weight of another shape": {
+            "weight": torch.randn(4)}, "weight float64": {"weight": w.double()},
+        "weight a list": {"weight": [1.0] * 8}, "bias for RMSNorm": {"mode": 1, "bias": w},
+        "no residual for the fused step": {"mode": 2},
+        "residual for LayerNorm": {"residual": r},
+        "residual of another dtype": {"mode": 2, "residual": r.double()},
+        "a Tensor subclass": {"x": x.as_subclass(_Tensor)},
+        "the meta device": {"x": x.to("meta"), "weight": None},
+        "an int64 input": {"x": x.long(), "weight": None},
+        "a sparse input": {"x": x.to_sparse(), "weight": None}, "a mode number": {"mode": 1.0},
+    }
+    args.update(edits.get(change, {}))
+    call = list(args.values())
+    if change == "six arguments":
+        call = call[:6]
+    assert lt._EAGER(*call) is None
+
+
+@needs_eager
+def test_the_eager_entry_goes_through_the_dispatcher():
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen:
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def record(self, func, args, kwargs):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Functions(Seen, TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return self.record(func, args, kwargs)
+
+    class Dispatched(Seen, TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return self.record(func, args, kwargs)
+
+    x = torch.randn(3, 8, requires_grad=True)
+    with Dispatched() as d:
+        lt.layer_norm(x, 8).sum().backward()
+    assert "lnfast.norm.default" in d.seen and "lnfast.norm_backward.default" in d.seen
+    with Functions() as f:              # (a torch function mode: the general path)
+        lt.rms_norm(x, 8)
+    assert "lnfast.norm.default" in f.seen
+    with torch.autograd.profiler.profile() as p:
+        lt.layer_norm(x, 8)
+    assert any(e.name == "lnfast::norm" for e in p.function_events)
+    t = torch.randn(3, 8)            # (a lazily negated view: resolved by the dispatcher)
+    assert torch.equal(lt.layer_norm(torch._neg_view(t), 8), lt.layer_norm(-t, 8))

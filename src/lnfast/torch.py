@@ -9,8 +9,9 @@ The kernels are two custom operators, `lnfast::norm` and
 tracing and autograd registered), so `torch.compile(fullgraph=True)`
 traces them whole.  For CPU tensors their kernels and the forward's
 autograd are C++ (torch_ext/lnfast_torch.cc over lnfast's C API, built on
-first import: lnfast._build), so that an eager call crosses from Python
-once, as PyTorch's own operators do.  The Python kernels serve CUDA
+first import: lnfast._build), and an eager call with plain CPU tensors
+enters that C++ in one step (_eager: its checks and the operator's call
+through PyTorch's dispatcher), as a call of PyTorch's own LayerNorm does.  The Python kernels serve CUDA
 tensors (CuPy arrays through DLPack, on PyTorch's current stream), and CPU
 tensors where the C++ cannot be built (a warning says why) or
 LNFAST_TORCH_EXTENSION=0: CPU tensors then reach the kernels as NumPy
@@ -274,7 +275,8 @@ def _extension():
         ext = _build.load("lnfast.torch", "its C++ operator kernels", "lnfast_torch",
                           pathlib.Path(__file__).parent / "torch_ext" / "lnfast_torch.cc", flags,
                           config, [torch.__version__, str(torch.version.git_version)],
-                          [f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"])
+                          [f"-L{lib}", "-ltorch_python", "-ltorch_cpu", "-lc10",
+                           f"-Wl,-rpath,{lib}"])
     except (ImportError, OSError) as e:
         warnings.warn(f"{e}\nlnfast.torch goes on with its Python kernels, which cost more per "
                       "call (set LNFAST_TORCH_EXTENSION=0 to skip the build)", RuntimeWarning,
@@ -289,6 +291,20 @@ def _extension():
 
 
 _EXT = _extension()
+# (lnfast_torch.cc's eager(): an eager call with CPU tensors in one step)
+_EAGER = None if _EXT is None else ctypes.PYFUNCTYPE(ctypes.py_object)(
+    ("lnfast_torch_eager", _EXT))()
+
+
+def _eager(x, normalized_shape, residual, weight, bias, eps, mode):
+    """The eager call's result (y, or (y, z) for the fused step, mode 2;
+    mode 0 LayerNorm, 1 RMSNorm) where the C++ takes it, after its own
+    checks; else None, and the functions go on with theirs: where
+    torch.compile traces, with dual tensors, and with any argument not
+    as the common call passes it."""
+    if torch.compiler.is_compiling() or _EAGER is None or _forward_ad._current_level >= 0:
+        return None
+    return _EAGER(x, normalized_shape, residual, weight, bias, eps, mode)
 
 
 # --- the eager path ------------------------------------------------------------
@@ -452,6 +468,9 @@ def layer_norm(input: torch.Tensor, normalized_shape: Shape,
     >>> y.detach()
     tensor([[-1.3416, -0.4472,  0.4472,  1.3416]])
     """
+    y = _eager(input, normalized_shape, None, weight, bias, eps, 0)
+    if y is not None:
+        return y
     k = _normalized(input, normalized_shape, (("weight", weight), ("bias", bias)))
     return _apply(input, None, weight, bias, k, _eps(eps), True)[0]
 
@@ -482,6 +501,9 @@ def rms_norm(input: torch.Tensor, normalized_shape: Shape,
     >>> lnfast.torch.rms_norm(torch.tensor([[3.0, 4.0]]), 2, eps=0.0)
     tensor([[0.8485, 1.1314]])
     """
+    y = _eager(input, normalized_shape, None, weight, None, eps, 1)
+    if y is not None:
+        return y
     k = _normalized(input, normalized_shape, (("weight", weight),))
     eps = torch.finfo(input.dtype).eps if eps is None else _eps(eps)
     return _apply(input, None, weight, None, k, eps, False)[0]
@@ -517,6 +539,9 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sh
     >>> z
     tensor([[2., 3., 4., 5.]])
     """
+    yz = _eager(x, normalized_shape, residual, weight, bias, eps, 2)
+    if yz is not None:
+        return yz
     k = _normalized(x, normalized_shape, (("weight", weight), ("bias", bias)))
     if not isinstance(residual, torch.Tensor):
         raise _TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")

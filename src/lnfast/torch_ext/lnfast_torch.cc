@@ -26,7 +26,9 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros_like.h>
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -156,7 +158,7 @@ Tensor param(const optional<Tensor> &p, const Tensor &x, int64_t k, at::ScalarTy
     TORCH_CHECK_VALUE(p->sizes() == norm, name, " must have shape ", norm,
                       " (the normalized axes'), got ", p->sizes());
     bool kept = p->scalar_type() == ct || p->element_size() == 2;
-    return aligned((kept ? *p : p->to(ct)).contiguous()).view({-1});
+    return aligned((kept ? *p : p->to(ct)).contiguous());
 }
 
 // A tensor of x's shape and dtype (`name`), contiguous and aligned.
@@ -228,11 +230,12 @@ norm_cpu(const Tensor &x_, const optional<Tensor> &residual, const optional<Tens
     return {y, z, mean, rstd};
 }
 
-// dweight or dbias of D elements from its float64 sums, rounded once to t
-// (as lnfast._kernels rounds: 16-bit through lnf_round_to_16bit).
-Tensor rounded(const double *sums, int64_t D, at::ScalarType t)
+// dweight or dbias of the normalized shape from its float64 sums, rounded
+// once to t (as lnfast._kernels rounds: 16-bit through lnf_round_to_16bit).
+Tensor rounded(const double *sums, at::IntArrayRef norm, at::ScalarType t)
 {
-    Tensor out = at::empty({D}, at::TensorOptions().dtype(t));
+    Tensor out = at::empty(norm, at::TensorOptions().dtype(t));
+    int64_t D = out.numel();
     if (t == at::kDouble)
         std::memcpy(out.data_ptr(), sums, D * sizeof(double));
     else if (t == at::kFloat)
@@ -253,8 +256,11 @@ norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, cons
     at::ScalarType ct = compute_type(x.scalar_type());
     at::ScalarType gt = weight.has_value() ? weight->scalar_type() : ct;   // dweight's dtype
     Tensor dy = like_x(dy_, x, "dy"), dz = dz_.has_value() ? like_x(*dz_, x, "dz") : Tensor();
-    Tensor rstd = aligned(rstd_.to(ct).contiguous());
-    Tensor mean = centered ? aligned(mean_.to(ct).contiguous()) : Tensor();
+    // (.to() only where needed: a no-op .to() is a dispatched call too)
+    Tensor rstd = aligned((rstd_.scalar_type() == ct ? rstd_ : rstd_.to(ct)).contiguous());
+    Tensor mean = !centered                   ? Tensor()
+                  : mean_.scalar_type() == ct ? aligned(mean_.contiguous())
+                                              : aligned(mean_.to(ct).contiguous());
     TORCH_CHECK_VALUE(rstd.numel() == M, "rstd must have one value per row (", M, "), got ",
                       rstd.numel());
     TORCH_CHECK_VALUE(!centered || mean.numel() == M, "mean must have one value per row (", M,
@@ -280,8 +286,8 @@ norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, cons
         check(backward_rows(&a), "the backward pass");
     }
     at::IntArrayRef norm = x.sizes().slice(x.dim() - k);
-    Tensor dw = rounded(sums.data(), D, gt).view(norm);
-    Tensor db = centered ? rounded(sums.data() + D, D, gt).view(norm) : x.new_empty({0}, gt);
+    Tensor dw = rounded(sums.data(), norm, gt);
+    Tensor db = centered ? rounded(sums.data() + D, norm, gt) : x.new_empty({0}, gt);
     return {dx, dw, db};
 }
 
@@ -377,6 +383,111 @@ norm_autograd(const Tensor &x, const optional<Tensor> &residual, const optional<
     return {out[0], out[1], out[2], out[3]};
 }
 
+// --- the eager entry point --------------------------------------------------------
+
+// An argument of eager(): a plain CPU tensor (torch.Tensor or
+// torch.nn.Parameter, strided), else null.
+const Tensor *cpu_tensor(PyObject *o)
+{
+    if (!THPVariable_CheckExact(o))
+        return nullptr;
+    const Tensor &t = THPVariable_Unpack(o);
+    return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided ? &t : nullptr;
+}
+
+// k, the number of x's last axes that normalized_shape (an int or a tuple
+// of ints) names, or 0 where it names none of the sizes it must.
+int64_t trailing(PyObject *shape, const Tensor &x)
+{
+    int64_t n = x.dim();
+    auto same = [&](PyObject *v, int64_t i) {
+        int over = 0;
+        long long s = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &over) : 0;
+        return over == 0 && s > 0 && s == x.size(i);
+    };
+    if (PyLong_CheckExact(shape))
+        return n >= 1 && same(shape, n - 1) ? 1 : 0;
+    int64_t k = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : 0;
+    if (k > n)
+        return 0;
+    for (int64_t i = 0; i < k; i++)
+        if (!same(PyTuple_GET_ITEM(shape, i), n - k + i))
+            return 0;
+    return k;
+}
+
+// weight, bias or residual for eager(): true for None (p left empty) and
+// for a plain CPU tensor of `sizes` in x's dtype, or float32 where
+// `f32` (p set to it).
+bool fits(PyObject *o, const Tensor &x, at::IntArrayRef sizes, bool f32, optional<Tensor> &p)
+{
+    if (o == Py_None)
+        return true;
+    const Tensor *t = cpu_tensor(o);
+    if (t == nullptr || t->sizes() != sizes
+        || (t->scalar_type() != x.scalar_type() && !(f32 && t->scalar_type() == at::kFloat)))
+        return false;
+    p = *t;
+    return true;
+}
+
+// lnfast.torch's eager call for CPU tensors, from Python in one step:
+// eager(x, normalized_shape, residual, weight, bias, eps, mode), mode 0
+// LayerNorm, 1 RMSNorm (eps None: torch.finfo's), 2 the fused step; y, or
+// (y, z) for mode 2, through the lnfast::norm operator as torch.ops calls
+// it (the dispatcher: autograd, profiling, dispatch modes).  None where
+// the arguments are not all that this takes: anything else (other
+// tensors, devices, dtypes, shapes; a torch function mode) goes to
+// lnfast/torch.py's general path, which checks and names what is wrong.
+PyObject *eager(PyObject *, PyObject *const *args, Py_ssize_t nargs)
+{
+    HANDLE_TH_ERRORS
+    if (nargs != 7 || !PyLong_CheckExact(args[6]))
+        Py_RETURN_NONE;
+    long mode = PyLong_AsLong(args[6]);
+    const Tensor *x = cpu_tensor(args[0]);
+    if (x == nullptr || lnf_type(x->scalar_type()) < 0 || at::impl::torch_function_mode_enabled())
+        Py_RETURN_NONE;
+    int64_t k = trailing(args[1], *x);
+    if (k == 0)
+        Py_RETURN_NONE;
+    at::IntArrayRef norm = x->sizes().slice(x->dim() - k);
+    optional<Tensor> residual, weight, bias;
+    if ((mode == 2) != (args[2] != Py_None) || !fits(args[2], *x, x->sizes(), false, residual)
+        || !fits(args[3], *x, norm, true, weight) || (mode == 1 && args[4] != Py_None)
+        || !fits(args[4], *x, norm, true, bias))
+        Py_RETURN_NONE;
+    double eps;
+    if (mode == 1 && args[5] == Py_None) {      // (torch.finfo(dtype).eps)
+        at::ScalarType t = x->scalar_type();
+        eps = t == at::kFloat ? 0x1p-23 : t == at::kDouble ? 0x1p-52 : t == at::kHalf ? 0x1p-10
+                                                                                      : 0x1p-7;
+    } else if (PyFloat_CheckExact(args[5])) {
+        eps = PyFloat_AS_DOUBLE(args[5]);
+        if (!(std::isfinite(eps) && eps >= 0.0))
+            Py_RETURN_NONE;
+    } else {
+        Py_RETURN_NONE;
+    }
+    std::tuple<Tensor, Tensor, Tensor, Tensor> out;
+    {
+        pybind11::gil_scoped_release unlocked;
+        out = norm_op().call(*x, residual, weight, bias, c10::SymInt(k), eps, mode != 1);
+    }
+    if (mode != 2)
+        return THPVariable_Wrap(std::move(std::get<0>(out)));
+    PyObject *y = THPVariable_Wrap(std::move(std::get<0>(out)));
+    PyObject *z = y != nullptr ? THPVariable_Wrap(std::move(std::get<1>(out))) : nullptr;
+    PyObject *yz = z != nullptr ? PyTuple_Pack(2, y, z) : nullptr;
+    Py_XDECREF(y);
+    Py_XDECREF(z);
+    return yz;
+    END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef eager_def = {"eager", (PyCFunction)(void (*)())eager, METH_FASTCALL,
+                         "lnfast.torch's eager call for CPU tensors (lnfast_torch.cc)"};
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(lnfast, CPU, m)
@@ -406,4 +517,11 @@ extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *rou
     Py_XDECREF(threads_for);
     threads_for = threads;
     backward_min = bmin;
+}
+
+// eager() as a Python function (a borrowed reference, made once).
+extern "C" PyObject *lnfast_torch_eager(void)
+{
+    static PyObject *f = PyCFunction_New(&eager_def, nullptr);
+    return f;
 }
