@@ -396,6 +396,8 @@ def test_replace_norms_keeps_dtype_device_and_mode():
     (lambda x, w: lt.layer_norm(x, 8, w.double()), TypeError, "weight"),
     (lambda x, w: lt.layer_norm(x, 8, w[:4]), ValueError, "weight"),
     (lambda x, w: lt.layer_norm(x, 8, None, w.numpy()), TypeError, "bias"),
+    (lambda x, w: lt.layer_norm(x, 8, w.to("meta")), ValueError, "weight"),
+    (lambda x, w: lt.rms_norm(x, 8, w.to("meta")), ValueError, "weight"),
     (lambda x, w: lt.layer_norm(x.numpy(), 8), TypeError, "input"),
     (lambda x, w: lt.layer_norm(x.int(), 8), TypeError, "input"),
     (lambda x, w: lt.layer_norm(x, 8, eps=-1.0), ValueError, "eps"),

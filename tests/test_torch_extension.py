@@ -223,17 +223,19 @@ def test_the_eager_entry_takes_the_common_calls(monkeypatch):
     w = torch.randn(24, generator=g, requires_grad=True)
     w2 = torch.randn(6, 24, generator=g, requires_grad=True)
     xb = x.detach().to(torch.bfloat16).requires_grad_()
+    xh, xd = (x.detach().to(t).requires_grad_() for t in (torch.float16, torch.float64))
     ln, rms = lt.LayerNorm(24), lt.RMSNorm((6, 24))
     calls = [lambda: lt.layer_norm(x, 24, w, w), lambda: lt.layer_norm(x, (6, 24), w2),
              lambda: lt.layer_norm(x, torch.Size([24]), eps=0.0),
              lambda: lt.rms_norm(x, 24, w), lambda: lt.rms_norm(xb, 24, w, eps=1e-3),
-             lambda: lt.rms_norm(xb, (6, 24)), lambda: lt.add_layer_norm(x, r, 24, w, w),
+             lambda: lt.rms_norm(xb, (6, 24)), lambda: lt.rms_norm(xh, 24),
+             lambda: lt.rms_norm(xd, 24), lambda: lt.add_layer_norm(x, r, 24, w, w),
              lambda: ln(x), lambda: rms(xb)]
 
     def run(call):
         out = call()
         out = out if isinstance(out, tuple) else (out,)
-        need = [t for t in (x, r, w, w2, xb, *ln.parameters(), *rms.parameters())]
+        need = [x, r, w, w2, xb, xh, xd, *ln.parameters(), *rms.parameters()]
         grads = torch.autograd.grad(sum(o.float().square().sum() for o in out), need,
                                     allow_unused=True)
         return [o.detach() for o in out] + [t for t in grads if t is not None]
@@ -257,11 +259,23 @@ class _Tensor(torch.Tensor):
     pass
 
 
+class _Shape(tuple):
+    """A tuple whose iteration says otherwise: the entry must not read it."""
+
+    def __iter__(self):
+        return iter((3, 8))
+
+    def __len__(self):
+        return 2
+
+
 @needs_eager
 @pytest.mark.parametrize("change", [
-    "shape as a list", "shape of numpy ints", "shape of bools", "empty shape", "wrong shape",
+    "shape as a list", "shape of numpy ints", "shape of bools", "a tuple subclass",
+    "a huge int in the shape", "empty shape", "wrong shape",
     "too many axes", "zero-sized axis", "eps an int", "eps a numpy float", "eps negative",
-    "eps nan", "eps None for LayerNorm", "weight of another shape", "weight float64",
+    "eps nan", "eps inf", "eps None for LayerNorm", "weight of another shape", "weight float64",
+    "weight on the meta device", "residual of another shape", "a huge mode number",
     "weight a list", "bias for RMSNorm", "no residual for the fused step",
     "residual for LayerNorm", "residual of another dtype", "a Tensor subclass",
     "the meta device", "an int64 input", "a sparse input", "a mode number", "six arguments"])
@@ -272,11 +286,16 @@ def test_the_eager_entry_declines_what_it_does_not_take(change):
     edits = {
         "shape as a list": {"shape": [8]}, "shape of numpy ints": {"shape": (np.int64(8),)},
         "shape of bools": {"shape": (True,), "x": torch.randn(3, 1), "weight": None},
+        "a tuple subclass": {"shape": _Shape((8,))}, "a huge int in the shape": {
+            "shape": (2**70,)},
         "empty shape": {"shape": ()}, "wrong shape": {"shape": (7,)},
         "too many axes": {"shape": (1, 3, 8)}, "zero-sized axis": {
             "x": torch.randn(3, 0), "shape": (0,), "weight": None},
         "eps an int": {"eps": 0}, "eps a numpy float": {"eps": np.float64(1e-5)},
         "eps negative": {"eps": -1.0}, "eps nan": {"eps": float("nan")},
+        "eps inf": {"eps": float("inf")}, "weight on the meta device": {"weight": w.to("meta")},
+        "residual of another shape": {"mode": 2, "residual": r[:2]},
+        "a huge mode number": {"mode": 2**70},
         "eps None for LayerNorm": {"eps": None}, "weight of another shape": {
             "weight": torch.randn(4)}, "weight float64": {"weight": w.double()},
         "weight a list": {"weight": [1.0] * 8}, "bias for RMSNorm": {"mode": 1, "bias": w},
@@ -296,7 +315,7 @@ def test_the_eager_entry_declines_what_it_does_not_take(change):
 
 
 @needs_eager
-def test_the_eager_entry_goes_through_the_dispatcher():
+def test_the_eager_entry_goes_through_the_dispatcher(monkeypatch):
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -318,12 +337,17 @@ def test_the_eager_entry_goes_through_the_dispatcher():
             return self.record(func, args, kwargs)
 
     x = torch.randn(3, 8, requires_grad=True)
+    with Functions() as f:              # (a torch function mode: the general way)
+        lt.rms_norm(x, 8)
+    assert "lnfast.norm.default" in f.seen
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the general path was taken")
+
+    monkeypatch.setattr(lt, "_normalized", refused)
     with Dispatched() as d:
         lt.layer_norm(x, 8).sum().backward()
     assert "lnfast.norm.default" in d.seen and "lnfast.norm_backward.default" in d.seen
-    with Functions() as f:              # (a torch function mode: the general path)
-        lt.rms_norm(x, 8)
-    assert "lnfast.norm.default" in f.seen
     with torch.autograd.profiler.profile() as p:
         lt.layer_norm(x, 8)
     assert any(e.name == "lnfast::norm" for e in p.function_events)

@@ -10,16 +10,16 @@ tracing and autograd registered), so `torch.compile(fullgraph=True)`
 traces them whole.  For CPU tensors their kernels and the forward's
 autograd are C++ (torch_ext/lnfast_torch.cc over lnfast's C API, built on
 first import: lnfast._build), and an eager call with plain CPU tensors
-enters that C++ in one step (_eager: its checks and the operator's call
-through PyTorch's dispatcher), as a call of PyTorch's own LayerNorm does.  The Python kernels serve CUDA
-tensors (CuPy arrays through DLPack, on PyTorch's current stream), and CPU
-tensors where the C++ cannot be built (a warning says why) or
-LNFAST_TORCH_EXTENSION=0: CPU tensors then reach the kernels as NumPy
-views (bfloat16 through a 16-bit integer view), and eager calls go through
-an `autograd.Function`, which costs less per call than the operators'
-Python dispatch (docs/torch.md).  Both give the same bits.  Gradients of
-gradients are not computed: asking for them is PyTorch's error for
-`lnfast::norm_backward`, which has no derivative.
+enters that C++ in one step (_eager: its checks, then the operator through
+PyTorch's dispatcher), as a call of PyTorch's own LayerNorm does.  The
+Python kernels serve CUDA tensors (CuPy arrays through DLPack, on
+PyTorch's current stream), and CPU tensors where the C++ cannot be built
+(a warning says why) or LNFAST_TORCH_EXTENSION=0: CPU tensors then reach
+the kernels as NumPy views (bfloat16 through a 16-bit integer view), and
+eager calls go through an `autograd.Function`, which costs less per call
+than the operators' Python dispatch (docs/torch.md).  Both give the same
+bits.  Gradients of gradients are not computed: asking for them is
+PyTorch's error for `lnfast::norm_backward`, which has no derivative.
 """
 import ctypes
 import os
@@ -419,7 +419,7 @@ def _normalized(x, normalized_shape, params):
         if p.shape != shape:
             raise _ValueError(f"{name} must have shape {list(shape)} (normalized_shape), "
                               f"got {list(p.shape)}")
-        if p.is_cuda != cuda or (cuda and p.device != x.device):
+        if p.device != x.device:
             raise _ValueError(f"{name} must be on input's device ({x.device}), got {p.device}")
     return k
 

@@ -28,6 +28,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
@@ -395,8 +396,9 @@ const Tensor *cpu_tensor(PyObject *o)
     return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided ? &t : nullptr;
 }
 
-// k, the number of x's last axes that normalized_shape (an int or a tuple
-// of ints) names, or 0 where it names none of the sizes it must.
+// k, the number of x's last axes that normalized_shape (an int, a tuple or
+// a torch.Size of ints, none a subclass) names, or 0 where it names none
+// of the sizes it must.
 int64_t trailing(PyObject *shape, const Tensor &x)
 {
     int64_t n = x.dim();
@@ -407,7 +409,7 @@ int64_t trailing(PyObject *shape, const Tensor &x)
     };
     if (PyLong_CheckExact(shape))
         return n >= 1 && same(shape, n - 1) ? 1 : 0;
-    int64_t k = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : 0;
+    int64_t k = PyTuple_CheckExact(shape) || THPSize_Check(shape) ? PyTuple_GET_SIZE(shape) : 0;
     if (k > n)
         return 0;
     for (int64_t i = 0; i < k; i++)
@@ -442,24 +444,26 @@ bool fits(PyObject *o, const Tensor &x, at::IntArrayRef sizes, bool f32, optiona
 PyObject *eager(PyObject *, PyObject *const *args, Py_ssize_t nargs)
 {
     HANDLE_TH_ERRORS
-    if (nargs != 7 || !PyLong_CheckExact(args[6]))
+    int over = 0;
+    long mode = nargs == 7 && PyLong_CheckExact(args[6])
+                    ? PyLong_AsLongAndOverflow(args[6], &over) : -1;
+    const Tensor *px = mode >= 0 && mode <= 2 && over == 0 ? cpu_tensor(args[0]) : nullptr;
+    if (px == nullptr || lnf_type(px->scalar_type()) < 0
+        || at::impl::torch_function_mode_enabled())
         Py_RETURN_NONE;
-    long mode = PyLong_AsLong(args[6]);
-    const Tensor *x = cpu_tensor(args[0]);
-    if (x == nullptr || lnf_type(x->scalar_type()) < 0 || at::impl::torch_function_mode_enabled())
-        Py_RETURN_NONE;
-    int64_t k = trailing(args[1], *x);
+    Tensor x = *px;     // (its own reference, held while the GIL is released)
+    int64_t k = trailing(args[1], x);
     if (k == 0)
         Py_RETURN_NONE;
-    at::IntArrayRef norm = x->sizes().slice(x->dim() - k);
+    at::IntArrayRef norm = x.sizes().slice(x.dim() - k);
     optional<Tensor> residual, weight, bias;
-    if ((mode == 2) != (args[2] != Py_None) || !fits(args[2], *x, x->sizes(), false, residual)
-        || !fits(args[3], *x, norm, true, weight) || (mode == 1 && args[4] != Py_None)
-        || !fits(args[4], *x, norm, true, bias))
+    if ((mode == 2) != (args[2] != Py_None) || !fits(args[2], x, x.sizes(), false, residual)
+        || !fits(args[3], x, norm, true, weight) || (mode == 1 && args[4] != Py_None)
+        || !fits(args[4], x, norm, true, bias))
         Py_RETURN_NONE;
     double eps;
     if (mode == 1 && args[5] == Py_None) {      // (torch.finfo(dtype).eps)
-        at::ScalarType t = x->scalar_type();
+        at::ScalarType t = x.scalar_type();
         eps = t == at::kFloat ? 0x1p-23 : t == at::kDouble ? 0x1p-52 : t == at::kHalf ? 0x1p-10
                                                                                       : 0x1p-7;
     } else if (PyFloat_CheckExact(args[5])) {
@@ -472,7 +476,7 @@ PyObject *eager(PyObject *, PyObject *const *args, Py_ssize_t nargs)
     std::tuple<Tensor, Tensor, Tensor, Tensor> out;
     {
         pybind11::gil_scoped_release unlocked;
-        out = norm_op().call(*x, residual, weight, bias, c10::SymInt(k), eps, mode != 1);
+        out = norm_op().call(x, residual, weight, bias, c10::SymInt(k), eps, mode != 1);
     }
     if (mode != 2)
         return THPVariable_Wrap(std::move(std::get<0>(out)));
@@ -519,9 +523,11 @@ extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *rou
     backward_min = bmin;
 }
 
-// eager() as a Python function (a borrowed reference, made once).
+// eager() as a Python function, made once: a new reference on each call
+// (ctypes' py_object result takes one over).
 extern "C" PyObject *lnfast_torch_eager(void)
 {
     static PyObject *f = PyCFunction_New(&eager_def, nullptr);
+    Py_XINCREF(f);
     return f;
 }
