@@ -166,7 +166,7 @@ def test_double_backward_is_an_error(gen):
     x = randn(gen, 4, 8, grad=True)
     (g,) = torch.autograd.grad(lt.layer_norm(x, 8).pow(2).sum(), x, create_graph=True)
     # PyTorch's own error for an operator without a derivative, naming it
-    with pytest.raises(RuntimeError, match="lnfast.norm_backward"):
+    with pytest.raises(RuntimeError, match=r"lnfast(::|\.)norm_backward"):
         g.sum().backward()
 
 

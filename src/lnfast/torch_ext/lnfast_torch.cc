@@ -27,6 +27,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -380,6 +381,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor>
 norm_autograd(const Tensor &x, const optional<Tensor> &residual, const optional<Tensor> &weight,
               const optional<Tensor> &bias, c10::SymInt k, double eps, bool centered)
 {
+    // (no gradient to record: no node; a compiled graph's forward, no_grad)
+    bool grad = at::GradMode::is_enabled();
+    auto tracked = [grad](const Tensor &t) {
+        return (grad && t.requires_grad()) || t._fw_grad(0).defined();
+    };
+    if (!tracked(x) && !(residual && tracked(*residual)) && !(weight && tracked(*weight))
+        && !(bias && tracked(*bias))) {
+        at::AutoDispatchBelowADInplaceOrView below;
+        return norm_op().call(x, residual, weight, bias, k, eps, centered);
+    }
     variable_list out = Norm::apply(x, residual, weight, bias, k, eps, centered);
     return {out[0], out[1], out[2], out[3]};
 }
@@ -500,9 +511,15 @@ TORCH_LIBRARY_IMPL(lnfast, CPU, m)
     m.impl("norm_backward", TORCH_FN(norm_backward_cpu));
 }
 
+// lnfast::norm_backward has no derivative: where a gradient of its outputs
+// could be asked for, they get PyTorch's node that says so; else it goes
+// straight below autograd (a compiled graph's backward calls it with
+// gradients off: PyTorch's own autograd kernel for a custom operator
+// without a derivative would cross into Python for that).
 TORCH_LIBRARY_IMPL(lnfast, AutogradCPU, m)
 {
     m.impl("norm", TORCH_FN(norm_autograd));
+    m.impl("norm_backward", torch::autograd::autogradNotImplementedFallback());
 }
 
 extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *round16,
