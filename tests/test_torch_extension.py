@@ -353,3 +353,26 @@ def test_the_eager_entry_goes_through_the_dispatcher(monkeypatch):
     assert any(e.name == "lnfast::norm" for e in p.function_events)
     t = torch.randn(3, 8)            # (a lazily negated view: resolved by the dispatcher)
     assert torch.equal(lt.layer_norm(torch._neg_view(t), 8), lt.layer_norm(-t, 8))
+
+
+def test_no_node_where_no_gradient_can_be_asked_for():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 16, generator=g, requires_grad=True)
+    w = torch.randn(16, generator=g, requires_grad=True)
+    y = lt.layer_norm(x, 16, w)
+    with torch.no_grad():
+        y0 = lt.layer_norm(x, 16, w)
+    assert y0.grad_fn is None and not y0.requires_grad and torch.equal(y0, y.detach())
+    # one tracked input is enough for a node: the weight alone
+    yw = lt.layer_norm(x.detach(), 16, w)
+    assert yw.grad_fn is not None
+    (dw,) = torch.autograd.grad(yw.sum(), w)
+    torch.testing.assert_close(dw, torch.autograd.grad(y.sum(), w, retain_graph=True)[0],
+                               rtol=0, atol=0)
+    # the backward operator with gradients off, as a compiled graph calls it
+    _, _, mean, rstd = torch.ops.lnfast.norm(x.detach(), None, w.detach(), None, 1, 1e-5, True)
+    dy = torch.randn(4, 16, generator=g)
+    with torch.no_grad():
+        dx, dw2, _ = torch.ops.lnfast.norm_backward(dy, x, mean, rstd, w, None, 1, True)
+    assert dx.grad_fn is None
+    torch.testing.assert_close(dx, torch.autograd.grad(y, x, dy)[0], rtol=0, atol=0)

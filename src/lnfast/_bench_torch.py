@@ -2,16 +2,20 @@
 torch.nn's, in eager mode, and a training step of a small pre-norm
 transformer block with and without `replace_norms`.
 
-Module rows time forward plus backward of `LayerNorm`/`RMSNorm` over an
-(M, D) tensor, `torch.autograd.grad(module(x), (x, weight, bias), dy)`
-with a random dy (no gradients accumulated into `.grad`); "GB/s" counts
-the bytes a perfect pair of kernels moves (x in, y out; x and dy in, dx
-out: 5 x.nbytes), and "% copy" is that over a parallel copy of x timed
-just before (the copy floor, as in the other groups).  The block is width 768, sequence
-256, batch 8, float32: attention, an MLP and two LayerNorms, forward,
-backward and an SGD step.
+Module rows time forward plus backward of `LayerNorm`/`RMSNorm` over an (M,
+D) tensor, `torch.autograd.grad(module(x), (x, weight, bias), dy)` with a
+random dy (no gradients accumulated into `.grad`); "GB/s" counts the bytes a
+perfect pair of kernels moves (x in, y out; x and dy in, dx out: 5
+x.nbytes), and "% copy" is that over a parallel copy of x timed in the same
+rounds (the copy floor, as in the other groups). Each shape is timed in
+rounds (`--rounds`, default 3), every round timing the copy and each module
+in turn; a case's time is the median of its rounds'. The block is width 768,
+sequence 256, batch 8, float32: attention, an MLP and two LayerNorms,
+forward, backward and an SGD step.
 """
 import sys
+
+import numpy as np
 
 from lnfast._bench import _copy_gbs, _median_seconds
 
@@ -45,6 +49,8 @@ def run(args, torch, threads):
 
     repeat = args.repeat or (5 if args.quick else 15)
     budget = 0.5 if args.quick else 1.5
+    rounds = args.rounds or (1 if args.quick else 3)
+    per_round = max(3, -(-repeat // rounds))
     shapes = args.shapes or (QUICK if args.quick else SHAPES)
     dtypes = [d for d in args.dtypes if d in DTYPES] or DTYPES
     rows = []
@@ -55,16 +61,26 @@ def run(args, torch, threads):
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
             x = torch.randn(M, D, dtype=dt, requires_grad=True)
             dy = torch.randn(M, D, dtype=dt)
-            copy = _copy_gbs(x.detach().view(torch.uint8).numpy(), 2, threads, repeat, budget)
+            steps = {}
             for kind in ("LayerNorm", "RMSNorm"):
                 ref = getattr(torch.nn, kind)(D, dtype=dt)
                 for impl, m in (("torch.nn", ref), ("lnfast", getattr(lt, kind)(D, dtype=dt))):
                     def step(m=m):
                         torch.autograd.grad(m(x), (x, *m.parameters()), dy)
-                    sec = _median_seconds(step, repeat, budget)
-                    rows.append({"group": "module", "module": kind, "shape": shape,
-                                 "dtype": dname, "impl": impl, "ms": sec * 1e3,
-                                 "gbs": 5 * x.nbytes / sec / 1e9, "copy_gbs": copy})
+                    steps[kind, impl] = step
+            # (by turns, in rounds: a noisy spell of a shared machine touches every case)
+            times = {key: [] for key in ["copy", *steps]}
+            for _ in range(rounds):
+                times["copy"].append(_copy_gbs(x.detach().view(torch.uint8).numpy(), 2, threads,
+                                               per_round, budget / rounds))
+                for key, step in steps.items():
+                    times[key].append(_median_seconds(step, per_round, budget / rounds))
+            copy = float(np.median(times["copy"]))
+            for (kind, impl) in steps:
+                sec = float(np.median(times[kind, impl]))
+                rows.append({"group": "module", "module": kind, "shape": shape, "dtype": dname,
+                             "impl": impl, "ms": sec * 1e3, "gbs": 5 * x.nbytes / sec / 1e9,
+                             "copy_gbs": copy})
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     rows += _training_step(torch, lt, args.quick, repeat, budget)
     _print(rows, threads)
