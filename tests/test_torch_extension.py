@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -376,3 +377,20 @@ def test_no_node_where_no_gradient_can_be_asked_for():
         dx, dw2, _ = torch.ops.lnfast.norm_backward(dy, x, mean, rstd, w, None, 1, True)
     assert dx.grad_fn is None
     torch.testing.assert_close(dx, torch.autograd.grad(y, x, dy)[0], rtol=0, atol=0)
+
+
+@needs_eager
+def test_functorch_grad_and_vmap():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(8, generator=g, dtype=torch.float64)
+    got_x, got_w = torch.func.grad(lambda x, w: lt.layer_norm(x, 8, w).square().sum(),
+                                   argnums=(0, 1))(x, w)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want_x, want_w = torch.autograd.grad(F.layer_norm(xr, (8,), wr).square().sum(), (xr, wr))
+    torch.testing.assert_close(got_x, want_x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-12, atol=1e-12)
+    with warnings.catch_warnings():     # (PyTorch's note that it loops over the batch)
+        warnings.simplefilter("ignore", UserWarning)
+        v = torch.func.vmap(lambda x: lt.rms_norm(x, 8, w))(x.view(3, 1, 8))
+    assert torch.equal(v.view(3, 8), lt.rms_norm(x, 8, w))

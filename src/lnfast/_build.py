@@ -9,7 +9,11 @@ directory) under a name that changes with its source, lnfast's C API, the
 framework headers and versions its caller names, Python's version, the
 compiler and the machine.  They link none of lnfast: lnfast._cpu hands
 them the C API's addresses when they are loaded.  What goes wrong is an
-ImportError that says what it needs.
+ImportError that says what it needs.  A compile that fails is recorded
+beside the library's name (NAME.failed, the compiler's output), so that
+later imports fail at once with the same error instead of compiling again
+(a change of source, flags, versions or compiler makes another name;
+deleting the record retries).
 """
 import ctypes
 import hashlib
@@ -82,16 +86,26 @@ def _key(stem, cxx, flags, files, versions, who):
     return f"{stem}-{digest.hexdigest()[:20]}.so"
 
 
+def _failed(out):
+    """Where a failed compile of `out` is recorded."""
+    return out.with_name(out.name + ".failed")
+
+
 def _compile(out, cmd, who, what):
     """Compile into `out`, through a temporary file of the same directory
-    (the rename is atomic: a concurrent import sees all of it or none)."""
+    (the rename is atomic: a concurrent import sees all of it or none); a
+    compiler error is recorded (_failed) as well as raised."""
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
     os.close(fd)
     try:
         p = _run(cmd + ["-o", tmp], who, what)
         if p.returncode != 0:
-            raise ImportError(f"{who} could not compile {what}:\n" + " ".join(cmd) + "\n"
-                              + p.stderr[-3000:])
+            error = f"{who} could not compile {what}:\n" + " ".join(cmd) + "\n" + p.stderr[-3000:]
+            try:
+                _failed(out).write_text(error)
+            except OSError:
+                pass
+            raise ImportError(error)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -128,6 +142,9 @@ def load(who, what, stem, source, flags, headers, versions, libraries=()):
                 except OSError as e:        # (a damaged file: compiled again)
                     errors.append(f"{out}: {e}")
                     out.unlink()
+            elif _failed(out).exists():
+                raise ImportError(f"{_failed(out).read_text()}\n(as recorded by an earlier "
+                                  f"import; delete {_failed(out)} to compile again)")
             _compile(out, cxx + flags, who, what)
         except OSError as e:                # (a folder that cannot be written)
             errors.append(f"{folder}: {e}")

@@ -28,7 +28,8 @@
 #include <ATen/ops/zeros_like.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
@@ -47,7 +48,7 @@ namespace {
 
 using at::Tensor;
 using std::optional;
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 int (*array_init)(lnf_array *, void *, int, int, const ptrdiff_t *, const ptrdiff_t *);
@@ -317,63 +318,57 @@ c10::TypedOperatorHandle<NormBackwardSig> norm_backward_op()
 }
 
 // lnfast::norm's derivative (lnfast/torch.py's _op_backward, for CPU
-// tensors): the operators below autograd, so that torch.compile traces
-// through their fake kernels.  With create_graph, norm_backward is called
-// through autograd, where its lack of a derivative is PyTorch's error.
-struct Norm : public torch::autograd::Function<Norm> {
-    static variable_list forward(AutogradContext *ctx, const Tensor &x,
-                                 const optional<Tensor> &residual, const optional<Tensor> &weight,
-                                 const optional<Tensor> &bias, c10::SymInt k, double eps,
-                                 bool centered)
+// tensors), an autograd node of its own, as PyTorch's operators have: the
+// backward operator called below autograd, so that torch.compile traces
+// through its fake kernel; with create_graph, through autograd, where its
+// lack of a derivative is PyTorch's error.  Its inputs (the forward's
+// outputs) are y, and z for the fused step; its outputs the gradients of
+// x, residual, weight and bias.
+struct NormBackward : public torch::autograd::Node {
+    SavedVariable src;              // x, or z for the fused step
+    SavedVariable mean, rstd, weight;
+    c10::SymInt k;
+    bool centered = true, fused = false;
+    optional<at::ScalarType> bias_dtype;    // (where there is a bias)
+
+    std::string name() const override { return "LnfastNormBackward"; }
+
+    void release_variables() override
     {
-        at::AutoDispatchBelowADInplaceOrView below;
-        ctx->set_materialize_grads(false);      // (undefined: zeros made only where needed)
-        auto [y, z, mean, rstd] = norm_op().call(x, residual, weight, bias, k, eps, centered);
-        bool fused = residual.has_value();
-        ctx->save_for_backward({fused ? z : x, mean, rstd, weight.value_or(Tensor())});
-        ctx->saved_data["k"] = k;
-        // (one entry for the flags and the bias's dtype: each costs a map node)
-        ctx->saved_data["flags"] = (int64_t)(centered | fused << 1 | weight.has_value() << 2
-                                             | bias.has_value() << 3)
-                                   | (bias.has_value() ? (int64_t)bias->scalar_type() << 4 : 0);
-        ctx->mark_non_differentiable(fused ? variable_list{mean, rstd}
-                                           : variable_list{z, mean, rstd});
-        return {y, z, mean, rstd};
+        std::lock_guard<std::mutex> lock(mutex_);
+        src.reset_data();
+        mean.reset_data();
+        rstd.reset_data();
+        weight.reset_data();
     }
 
-    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    variable_list apply(variable_list &&grads) override
     {
-        variable_list saved = ctx->get_saved_variables();
-        const Tensor &src = saved[0];
-        int64_t flags = ctx->saved_data["flags"].toInt();
-        bool centered = flags & 1, fused = flags & 2;
-        Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(src);
-        optional<Tensor> dz, weight;
+        std::lock_guard<std::mutex> lock(mutex_);
+        Tensor s = src.unpack(getptr()), m = mean.unpack(), r = rstd.unpack();
+        Tensor wt = weight.unpack();
+        optional<Tensor> w = wt.defined() ? optional<Tensor>(wt) : std::nullopt, dz;
+        Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(s);
         if (fused)
-            dz = grads[1].defined() ? grads[1] : at::zeros_like(src);
-        if (saved[3].defined())
-            weight = saved[3];
-        c10::SymInt k = ctx->saved_data["k"].toSymInt();
-        auto call = [&](const optional<Tensor> &w) {
+            dz = grads[1].defined() ? grads[1] : at::zeros_like(s);
+        auto call = [&](const optional<Tensor> &ww) {
             if (at::GradMode::is_enabled())
-                return norm_backward_op().call(dy, src, saved[1], saved[2], w, dz, k, centered);
+                return norm_backward_op().call(dy, s, m, r, ww, dz, k, centered);
             at::AutoDispatchBelowADInplaceOrView below;
-            return norm_backward_op().call(dy, src, saved[1], saved[2], w, dz, k, centered);
+            return norm_backward_op().call(dy, s, m, r, ww, dz, k, centered);
         };
-        auto [dx, dw, db] = call(weight);
+        auto [dx, dw, db] = call(w);
         // A bias of another dtype than the weight's: the backward again with
         // the weight in the bias's dtype (ones where there is none) gives
         // dbias, which does not depend on the weight, rounded once from its
         // float64 sums to the bias's own dtype (lnfast/torch.py's _as_bias).
-        if (flags & 8 && (at::ScalarType)(flags >> 4) != db.scalar_type()) {
-            at::ScalarType bt = (at::ScalarType)(flags >> 4);
+        if (bias_dtype && *bias_dtype != db.scalar_type()) {
             int64_t kk = k.expect_int();
-            db = std::get<2>(call(weight ? weight->detach().to(bt)
-                                         : at::ones(src.sizes().slice(src.dim() - kk),
-                                                    at::TensorOptions().dtype(bt))));
+            db = std::get<2>(call(w ? w->detach().to(*bias_dtype)
+                                    : at::ones(s.sizes().slice(s.dim() - kk),
+                                               at::TensorOptions().dtype(*bias_dtype))));
         }
-        return {dx, fused ? dx : Tensor(), flags & 4 ? dw : Tensor(), flags & 8 ? db : Tensor(),
-                Tensor(), Tensor(), Tensor()};
+        return {dx, fused ? dx : Tensor(), w ? dw : Tensor(), bias_dtype ? db : Tensor()};
     }
 };
 
@@ -381,18 +376,35 @@ std::tuple<Tensor, Tensor, Tensor, Tensor>
 norm_autograd(const Tensor &x, const optional<Tensor> &residual, const optional<Tensor> &weight,
               const optional<Tensor> &bias, c10::SymInt k, double eps, bool centered)
 {
-    // (no gradient to record: no node; a compiled graph's forward, no_grad)
-    bool grad = at::GradMode::is_enabled();
-    auto tracked = [grad](const Tensor &t) {
-        return (grad && t.requires_grad()) || t._fw_grad(0).defined();
-    };
-    if (!tracked(x) && !(residual && tracked(*residual)) && !(weight && tracked(*weight))
-        && !(bias && tracked(*bias))) {
+    auto dual = [](const optional<Tensor> &t) { return t && t->_fw_grad(0).defined(); };
+    TORCH_CHECK_NOT_IMPLEMENTED(!dual(x) && !dual(residual) && !dual(weight) && !dual(bias),
+                                "lnfast::norm computes no forward-mode derivative (jvp): its "
+                                "inputs must not be dual tensors");
+    bool fused = residual.has_value();
+    c10::intrusive_ptr<NormBackward> node;
+    if (torch::autograd::compute_requires_grad(x, residual, weight, bias)) {
+        node = c10::make_intrusive<NormBackward>();
+        node->set_next_edges(torch::autograd::collect_next_edges(x, residual, weight, bias));
+    }
+    auto out = [&] {
         at::AutoDispatchBelowADInplaceOrView below;
         return norm_op().call(x, residual, weight, bias, k, eps, centered);
+    }();
+    if (node) {         // (mean, rstd and an unused z: no history, no gradient)
+        Tensor &y = std::get<0>(out), &z = std::get<1>(out);
+        torch::autograd::set_history(y, node);
+        if (fused)
+            torch::autograd::set_history(z, node);
+        node->src = SavedVariable(fused ? z : x, fused);
+        node->mean = SavedVariable(std::get<2>(out), false);
+        node->rstd = SavedVariable(std::get<3>(out), false);
+        node->weight = SavedVariable(weight, false);
+        node->k = k;
+        node->centered = centered, node->fused = fused;
+        if (bias)
+            node->bias_dtype = bias->scalar_type();
     }
-    variable_list out = Norm::apply(x, residual, weight, bias, k, eps, centered);
-    return {out[0], out[1], out[2], out[3]};
+    return out;
 }
 
 // --- the eager entry point --------------------------------------------------------
