@@ -1,10 +1,12 @@
 """lnfast._build: the small C++ libraries compiled on first use (lnfast.torch's
-kernels, lnfast.jax's handlers), kept in a cache, and a failed compile
+kernels, lnfast.jax's handlers), kept in a cache, and a compiler's error
 recorded so that later imports fail at once."""
 import ctypes
 import os
+import shlex
 import shutil
 import stat
+import subprocess
 import sys
 
 import pytest
@@ -12,30 +14,42 @@ import pytest
 from lnfast import _build
 
 pytestmark = pytest.mark.skipif(
-    sys.platform == "win32" or not (os.environ.get("CXX") or any(
-        shutil.which(c) for c in ("c++", "g++", "clang++"))),
-    reason="needs a C++ compiler and a POSIX shell")
+    sys.platform == "win32" or not os.path.exists("/bin/sh") or not (
+        os.environ.get("CXX") or any(shutil.which(c) for c in ("c++", "g++", "clang++"))),
+    reason="needs a C++ compiler and /bin/sh")
 
 GOOD = 'extern "C" int lnfast_test_answer(void) { return 42; }\n'
 BAD = 'extern "C" int lnfast_test_answer(void) { return 42 }\n'     # (no semicolon)
+NEEDS_HEADER = '#include "lnfast_test_answer.h"\n' + GOOD
 
 
 @pytest.fixture
 def cxx(tmp_path, monkeypatch):
     """$CXX as a wrapper of the real compiler that logs its arguments."""
-    real = os.environ.get("CXX") or next(c for c in ("c++", "g++", "clang++") if shutil.which(c))
+    real = shlex.split(os.environ["CXX"]) if os.environ.get("CXX") else [
+        next(c for c in ("c++", "g++", "clang++") if shutil.which(c))]
     log = tmp_path / "calls.log"
     wrapper = tmp_path / "cxx"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec {real} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {shlex.quote(str(log))}\n'
+                       f'exec {" ".join(shlex.quote(c) for c in real)} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    try:
+        subprocess.run([str(wrapper), "--version"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("cannot run a compiler wrapper from the temporary folder")
+    log.write_text("")
     monkeypatch.setenv("CXX", str(wrapper))
     monkeypatch.setenv("LNFAST_CACHE_DIR", str(tmp_path / "cache"))
     return log
 
 
-def _load(source):
+def _load(source, flags=()):
     return _build.load("test", "a test library", "lnfast_test", source,
-                       ["-shared", "-fPIC", "-O0"], (), ["1"])
+                       ["-shared", "-fPIC", "-O0", *flags], (), ["1"])
+
+
+def _answer(lib):
+    return ctypes.CFUNCTYPE(ctypes.c_int)(("lnfast_test_answer", lib))()
 
 
 def _compiles(log):
@@ -47,8 +61,7 @@ def test_compiled_once_then_loaded_from_the_cache(tmp_path, cxx):
     src = tmp_path / "good.cc"
     src.write_text(GOOD)
     for _ in range(2):
-        lib = _load(src)
-        assert ctypes.CFUNCTYPE(ctypes.c_int)(("lnfast_test_answer", lib))() == 42
+        assert _answer(_load(src)) == 42
     assert len(_compiles(cxx)) == 1
 
 
@@ -64,7 +77,7 @@ def test_a_failed_compile_is_recorded_and_not_repeated(tmp_path, cxx):
     assert str(first.value) in str(again.value)         # (the compiler's own error kept)
     # a changed source is another library: compiled
     src.write_text(GOOD)
-    assert ctypes.CFUNCTYPE(ctypes.c_int)(("lnfast_test_answer", _load(src)))() == 42
+    assert _answer(_load(src)) == 42
     assert len(_compiles(cxx)) == 2
     # the record deleted: compiled again
     src.write_text(BAD)
@@ -74,3 +87,39 @@ def test_a_failed_compile_is_recorded_and_not_repeated(tmp_path, cxx):
     with pytest.raises(ImportError, match="could not compile"):
         _load(src)
     assert len(_compiles(cxx)) == 3
+
+
+def test_a_header_installed_since_the_failure_is_tried(tmp_path, cxx):
+    src, inc = tmp_path / "needs.cc", tmp_path / "include"
+    src.write_text(NEEDS_HEADER)
+    with pytest.raises(ImportError, match="lnfast_test_answer.h"):
+        _load(src, [f"-I{inc}"])
+    inc.mkdir()                                         # (the header installed)
+    (inc / "lnfast_test_answer.h").write_text("/* nothing */\n")
+    assert _answer(_load(src, [f"-I{inc}"])) == 42
+    assert len(_compiles(cxx)) == 2
+
+
+def test_a_stale_record_is_tried_again(tmp_path, cxx, monkeypatch):
+    src = tmp_path / "bad.cc"
+    src.write_text(BAD)
+    with pytest.raises(ImportError):
+        _load(src)
+    monkeypatch.setattr(_build, "RECORD_SECONDS", -1)   # (every record too old)
+    with pytest.raises(ImportError, match="could not compile"):
+        _load(src)
+    assert len(_compiles(cxx)) == 2
+
+
+def test_a_compiler_that_says_nothing_is_not_recorded(tmp_path, cxx, monkeypatch):
+    # (killed, say: exit status without diagnostics)
+    silent = tmp_path / "silent-cxx"
+    silent.write_text(f'#!/bin/sh\ncase "$*" in *--version*) exec "{os.environ["CXX"]}" "$@";; '
+                      'esac\nexit 1\n')
+    silent.chmod(silent.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CXX", str(silent))
+    src = tmp_path / "good.cc"
+    src.write_text(GOOD)
+    with pytest.raises(ImportError, match="exited with 1"):
+        _load(src)
+    assert not list((tmp_path / "cache").glob("*.failed"))

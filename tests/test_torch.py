@@ -290,6 +290,22 @@ def test_compile_fullgraph(gen, backend, dynamic):
             torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
 
 
+def test_compile_dynamic_normalized_size_without_a_weight(gen):
+    # bfloat16 input, a bfloat16 bias and no weight: dbias takes the second
+    # backward pass with ones of the normalized size, which stays symbolic
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, b: lt.layer_norm(x, x.shape[-1], None, b).float().square().sum(),
+                      backend="aot_eager", fullgraph=True)
+    for d in (8, 12):
+        x = randn(gen, 4, d, dtype=torch.bfloat16, grad=True)
+        b = randn(gen, d, dtype=torch.bfloat16, grad=True)
+        torch._dynamo.mark_dynamic(x, 1)
+        torch._dynamo.mark_dynamic(b, 0)
+        got = torch.autograd.grad(f(x, b), (x, b))
+        want = torch.autograd.grad(lt.layer_norm(x, d, None, b).float().square().sum(), (x, b))
+        assert all(torch.equal(g, e) for g, e in zip(got, want))
+
+
 @pytest.mark.parametrize("centered", [True, False])
 def test_every_path_gives_the_same_bits(gen, centered):
     # the operator, the autograd.Function (grad), and the call without grad

@@ -9,11 +9,12 @@ directory) under a name that changes with its source, lnfast's C API, the
 framework headers and versions its caller names, Python's version, the
 compiler and the machine.  They link none of lnfast: lnfast._cpu hands
 them the C API's addresses when they are loaded.  What goes wrong is an
-ImportError that says what it needs.  A compile that fails is recorded
-beside the library's name (NAME.failed, the compiler's output), so that
-later imports fail at once with the same error instead of compiling again
-(a change of source, flags, versions or compiler makes another name;
-deleting the record retries).
+ImportError that says what it needs.  A compile that fails with the
+compiler's own error is recorded beside the library's name (NAME.failed),
+so that later imports fail at once with the same error instead of
+compiling again, for a day at most and while the include folders are
+unchanged (a change of source, flags, versions or compiler makes another
+name; deleting the record retries too).
 """
 import ctypes
 import hashlib
@@ -25,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = pathlib.Path(__file__).parent
 # lnfast's C API, which every library includes.
@@ -86,25 +88,60 @@ def _key(stem, cxx, flags, files, versions, who):
     return f"{stem}-{digest.hexdigest()[:20]}.so"
 
 
+# A recorded failure is trusted this long (seconds), and only while the
+# include folders the flags name are as they were (a header installed
+# since, such as Python's, changes its folder).
+RECORD_SECONDS = 24 * 3600
+
+
 def _failed(out):
     """Where a failed compile of `out` is recorded."""
     return out.with_name(out.name + ".failed")
 
 
+def _folders_state(cmd):
+    """The include folders of the command as they are now: each one's
+    modification time, or that it is absent."""
+    state = []
+    for arg in cmd:
+        if arg.startswith("-I"):
+            try:
+                state.append(f"{arg} {os.stat(arg[2:]).st_mtime_ns}")
+            except OSError:
+                state.append(f"{arg} absent")
+    return hashlib.sha256("\n".join(state).encode()).hexdigest()
+
+
+def _recorded(out, cmd):
+    """The error a failed compile of `out` recorded, while it holds (same
+    include folders, under RECORD_SECONDS old); else None."""
+    record = _failed(out)
+    try:
+        if time.time() - record.stat().st_mtime > RECORD_SECONDS:
+            return None
+        state, _, error = record.read_text().partition("\n")
+    except OSError:
+        return None
+    return error if state == _folders_state(cmd) else None
+
+
 def _compile(out, cmd, who, what):
     """Compile into `out`, through a temporary file of the same directory
-    (the rename is atomic: a concurrent import sees all of it or none); a
-    compiler error is recorded (_failed) as well as raised."""
+    (the rename is atomic: a concurrent import sees all of it or none).  A
+    compiler's own error (it exited with diagnostics, not killed) is
+    recorded (_failed, with the include folders' state) as well as
+    raised."""
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
     os.close(fd)
     try:
         p = _run(cmd + ["-o", tmp], who, what)
         if p.returncode != 0:
-            error = f"{who} could not compile {what}:\n" + " ".join(cmd) + "\n" + p.stderr[-3000:]
-            try:
-                _failed(out).write_text(error)
-            except OSError:
-                pass
+            error = (f"{who} could not compile {what} (the compiler exited with "
+                     f"{p.returncode}):\n" + " ".join(cmd) + "\n" + p.stderr[-3000:])
+            if p.returncode > 0 and p.stderr.strip():
+                with open(tmp, "w") as f:     # (replaced whole: read whole or not at all)
+                    f.write(_folders_state(cmd) + "\n" + error)
+                os.replace(tmp, _failed(out))
             raise ImportError(error)
         os.replace(tmp, out)
     finally:
@@ -142,9 +179,11 @@ def load(who, what, stem, source, flags, headers, versions, libraries=()):
                 except OSError as e:        # (a damaged file: compiled again)
                     errors.append(f"{out}: {e}")
                     out.unlink()
-            elif _failed(out).exists():
-                raise ImportError(f"{_failed(out).read_text()}\n(as recorded by an earlier "
-                                  f"import; delete {_failed(out)} to compile again)")
+            else:
+                error = _recorded(out, cxx + flags)
+                if error is not None:
+                    raise ImportError(f"{error}\n(as recorded by an earlier import; delete "
+                                      f"{_failed(out)} to compile again)")
             _compile(out, cxx + flags, who, what)
         except OSError as e:                # (a folder that cannot be written)
             errors.append(f"{folder}: {e}")

@@ -365,8 +365,8 @@ struct NormBackward : public torch::autograd::Node {
         if (bias_dtype && *bias_dtype != db.scalar_type()) {
             int64_t kk = k.expect_int();
             db = std::get<2>(call(w ? w->detach().to(*bias_dtype)
-                                    : at::ones(s.sizes().slice(s.dim() - kk),
-                                               at::TensorOptions().dtype(*bias_dtype))));
+                                    : at::ones_symint(s.sym_sizes().slice(s.dim() - kk),
+                                                      at::TensorOptions().dtype(*bias_dtype))));
         }
         return {dx, fused ? dx : Tensor(), w ? dw : Tensor(), bias_dtype ? db : Tensor()};
     }
