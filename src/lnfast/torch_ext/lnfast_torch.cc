@@ -1,7 +1,9 @@
 // lnfast.torch's operators lnfast::norm and lnfast::norm_backward for CPU
-// tensors, in C++: their kernels over lnfast's C API and the autograd of
-// lnfast::norm, so that an eager call crosses from Python once, as a call
-// of PyTorch's own operators does (docs/torch.md).
+// tensors, in C++: their kernels over lnfast's C API, their autograd
+// (lnfast::norm's derivative an autograd node of its own; norm_backward
+// has none), and the eager entry that lnfast.torch's functions call with
+// plain CPU tensors, so that an eager call crosses from Python once, as a
+// call of PyTorch's own operators does (docs/torch.md).
 //
 // lnfast/torch.py defines the operators (torch.library.custom_op: their
 // schemas, fake kernels and the Python kernels that serve CUDA tensors)
