@@ -33,10 +33,18 @@ def cxx(tmp_path, monkeypatch):
     wrapper.write_text(f'#!/bin/sh\necho "$@" >> {shlex.quote(str(log))}\n'
                        f'exec {" ".join(shlex.quote(c) for c in real)} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    probe, lib = tmp_path / "probe.cc", tmp_path / "probe.so"
+    probe.write_text(GOOD)
     try:
-        subprocess.run([str(wrapper), "--version"], capture_output=True, check=True)
+        subprocess.run([str(wrapper), "-shared", "-fPIC", str(probe), "-o", str(lib)],
+                       capture_output=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("cannot run a compiler wrapper from the temporary folder")
+    try:
+        ctypes.CDLL(str(lib))
+    except OSError:
+        pytest.skip("the compiler's libraries do not load in this Python (a cross or emulated "
+                    "environment)")
     log.write_text("")
     monkeypatch.setenv("CXX", str(wrapper))
     monkeypatch.setenv("LNFAST_CACHE_DIR", str(tmp_path / "cache"))
