@@ -131,3 +131,28 @@ def test_a_compiler_that_says_nothing_is_not_recorded(tmp_path, cxx, monkeypatch
     with pytest.raises(ImportError, match="exited with 1"):
         _load(src)
     assert not list((tmp_path / "cache").glob("*.failed"))
+
+
+def test_processes_importing_at_once_compile_once(tmp_path, cxx):
+    # (the compiler made slow, so that both processes ask before either is done)
+    slow = tmp_path / "slow-cxx"
+    slow.write_text(f'#!/bin/sh\ncase "$*" in *--version*) ;; *) sleep 2;; esac\n'
+                    f'exec "{os.environ["CXX"]}" "$@"\n')
+    slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
+    src = tmp_path / "good.cc"
+    src.write_text(GOOD)
+    script = ("import ctypes, pathlib\nfrom lnfast import _build\n"
+              "lib = _build.load('test', 'a test library', 'lnfast_test', "
+              f"pathlib.Path({str(src)!r}), "
+              "['-shared', '-fPIC', '-O0'], (), ['1'])\n"
+              "print(ctypes.CFUNCTYPE(ctypes.c_int)(('lnfast_test_answer', lib))())\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_build.__file__)))
+    env = dict(os.environ, CXX=str(slow),
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [(p.returncode, out.strip()) for p, (out, _) in zip(procs, outs)] == [(0, "42")] * 3, outs
+    assert len(_compiles(cxx)) == 1
+    assert not list((tmp_path / "cache").glob("*.tmp"))

@@ -14,8 +14,10 @@ compiler's own error is recorded beside the library's name (NAME.failed),
 so that later imports fail at once with the same error instead of
 compiling again, for a day at most and while the include folders are
 unchanged (a change of source, flags, versions or compiler makes another
-name; deleting the record retries too).
+name; deleting the record retries too).  Processes that import at once
+compile a library once: the others wait for it (NAME.lock) and load it.
 """
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -27,6 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
+
+try:
+    import fcntl
+except ImportError:                         # (Windows: no lock; see _lock)
+    fcntl = None  # type: ignore[assignment]
 
 HERE = pathlib.Path(__file__).parent
 # lnfast's C API, which every library includes.
@@ -125,6 +132,26 @@ def _recorded(out, cmd):
     return error if state == _folders_state(cmd) else None
 
 
+@contextlib.contextmanager
+def _lock(out):
+    """Held while `out` is compiled: an exclusive lock on NAME.lock beside
+    it, so that a process importing at the same time waits for the
+    compile instead of running its own (it may take tens of seconds).
+    Without fcntl, none: the rename in _compile keeps concurrent compiles
+    safe, only slower.  The lock file stays (one per library name):
+    removing it could let a third process lock a new file while the
+    second holds the old one."""
+    if fcntl is None:
+        yield
+        return
+    with open(out.with_name(out.name + ".lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def _compile(out, cmd, who, what):
     """Compile into `out`, through a temporary file of the same directory
     (the rename is atomic: a concurrent import sees all of it or none).  A
@@ -179,12 +206,13 @@ def load(who, what, stem, source, flags, headers, versions, libraries=()):
                 except OSError as e:        # (a damaged file: compiled again)
                     errors.append(f"{out}: {e}")
                     out.unlink()
-            else:
-                error = _recorded(out, cxx + flags)
-                if error is not None:
-                    raise ImportError(f"{error}\n(as recorded by an earlier import; delete "
-                                      f"{_failed(out)} to compile again)")
-            _compile(out, cxx + flags, who, what)
+            with _lock(out):
+                if not out.exists():        # (else compiled while this one waited)
+                    error = _recorded(out, cxx + flags)
+                    if error is not None:
+                        raise ImportError(f"{error}\n(as recorded by an earlier import; "
+                                          f"delete {_failed(out)} to compile again)")
+                    _compile(out, cxx + flags, who, what)
         except OSError as e:                # (a folder that cannot be written)
             errors.append(f"{folder}: {e}")
             continue
