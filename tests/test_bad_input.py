@@ -39,6 +39,8 @@ def test_byte_swapped_arrays(args):
         raises(TypeError, "x", fn, args["x"].astype(">f8"))
     raises(TypeError, "weight", lnfast.layer_norm, args["x"], args["w"].astype(">f8"))
     raises(TypeError, "residual", lnfast.add_layer_norm_forward, args["x"], args["x"].astype(">f8"))
+    with pytest.raises(TypeError, match="byte order"):
+        lnfast.layer_norm(args["x"].astype(">f4"))
 
 
 @pytest.mark.parametrize("fn", [lnfast.layer_norm, lnfast.layer_norm_forward])

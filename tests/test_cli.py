@@ -103,6 +103,15 @@ def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr
 
 
+def test_a_bad_thread_count_variable_is_reported_not_a_traceback():
+    env = {**os.environ, "LNFAST_NUM_THREADS": "abc"}
+    for command, status in (("config", 0), ("check", 2)):
+        p = subprocess.run([sys.executable, "-m", "lnfast", command], capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert p.returncode == status and "Traceback" not in p.stderr
+        assert "LNFAST_NUM_THREADS" in p.stdout + p.stderr
+
+
 def test_a_bad_cache_limit_names_the_variable():
     for value in ("-1", "abc", str(2**64)):
         p = subprocess.run([sys.executable, "-c", "import lnfast"], capture_output=True,

@@ -207,6 +207,15 @@ def test_bad_input_names_the_argument(rng):
         lnfast.layer_norm(X, axis=(1, 1))
     with pytest.raises(TypeError, match="x must have dtype"):
         lnfast.layer_norm(da.ones((4, 4), dtype=np.int64))
+    # masked blocks, refused at call time as NumPy's masked arrays are
+    m = np.ma.masked_array(x, mask=x > 1)
+    M = da.from_array(m, chunks=(4, 6), asarray=False)
+    with pytest.raises(TypeError, match="blocks of x must be NumPy or CuPy arrays.*masks"):
+        lnfast.layer_norm(M)
+    with pytest.raises(TypeError, match="dy's blocks are numpy.ma.MaskedArrays"):
+        lnfast.layer_norm_backward(M, X, mean, rstd)
+    with pytest.raises(TypeError, match="weight is a numpy.ma.MaskedArray"):
+        lnfast.layer_norm(X, np.ma.masked_array(np.ones(6, np.float32)))
 
 
 def test_gradients_are_ordinary_dask_arrays(rng):

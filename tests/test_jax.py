@@ -216,11 +216,21 @@ def test_vmap_over_weights(rng):
     (lambda x: lj.layer_norm(x, axis=2), ValueError, "axis"),
     (lambda x: lj.layer_norm(x[:, :0]), ValueError, "D >= 1"),
     (lambda x: lj.add_layer_norm(x, x[:1]), ValueError, "residual must have x's shape"),
+    (lambda x: lj.add_layer_norm(x, x.astype(np.float16)), TypeError, "residual must have x's dtype"),
+    (lambda x: jax.jit(lambda x, e: lj.layer_norm(x, eps=e))(x, 1e-3), TypeError, "eps .*traced"),
     (lambda x: lj.rms_norm([[1.0]]), TypeError, "x must be a JAX or NumPy array"),
 ])
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call(np.ones((4, 8), np.float32))
+
+
+def test_eps_may_be_a_concrete_jax_scalar():
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    want = lj.layer_norm(x, eps=1e-3)
+    np.testing.assert_array_equal(lj.layer_norm(x, eps=jnp.float32(1e-3)),
+                                  lj.layer_norm(x, eps=float(np.float32(1e-3))))
+    assert not np.array_equal(want, lj.layer_norm(x))
 
 
 def test_handlers_refuse_buffers_that_do_not_fit():

@@ -70,14 +70,24 @@ def test_rms_norm_matches_functional(gen, dtype, eps):
     w = randn(gen, 6, 40, dtype=dtype, grad=True)
     y = lt.rms_norm(x, (6, 40), w, eps)
     x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
-    # eps=None is the input dtype's machine epsilon, as in torch
-    e = torch.finfo(dtype).eps if eps is None else eps
-    want = F.rms_norm(x64, (6, 40), w64, e)
+    # eps=None is PyTorch's default: float64's epsilon for float64, else float32's
+    e = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    want = F.rms_norm(x64, (6, 40), w64, e if eps is None else eps)
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(y.double(), want, rtol=rtol, atol=atol)
     dy = randn(gen, 5, 6, 40, dtype=dtype)
     for got, ref in zip(grads(y, (x, w), dy), grads(want, (x64, w64), dy.double())):
         torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol * 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_default_eps_is_torchs(dtype):
+    # (a small mean square, where eps shows: torch takes float32's epsilon for
+    # float16 and bfloat16 input, not the dtype's own)
+    x = torch.full((3, 4), 0.01, dtype=dtype)
+    for ours, theirs in ((lt.rms_norm(x, 4), F.rms_norm(x, (4,))),
+                         (lt.RMSNorm(4, dtype=dtype)(x), torch.nn.RMSNorm(4, dtype=dtype)(x))):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -421,7 +431,16 @@ def test_replace_norms_keeps_dtype_device_and_mode():
     (lambda x, w: lt.rms_norm(x, 8, eps="1e-5"), TypeError, "eps"),
     (lambda x, w: lt.rms_norm(x, "8"), TypeError, "normalized_shape"),
     (lambda x, w: lt.add_layer_norm(x, x[:2], 8), ValueError, "residual"),
-    (lambda x, w: lt.add_layer_norm(x, x.double(), 8), ValueError, "residual"),
+    (lambda x, w: lt.add_layer_norm(x, x.double(), 8), TypeError, "residual"),
+    (lambda x, w: lt.layer_norm(x, [8.7]), TypeError, "normalized_shape"),
+    (lambda x, w: lt.layer_norm(x, (8.0,)), TypeError, "normalized_shape"),
+    (lambda x, w: lt.layer_norm(x, (True,)), TypeError, "normalized_shape"),
+    (lambda x, w: lt.layer_norm(x, torch.tensor([8])), TypeError, "normalized_shape"),
+    (lambda x, w: lt.layer_norm(x.to_sparse(), 8), TypeError, "input"),
+    (lambda x, w: lt.layer_norm(x.to_sparse_csr(), 8), TypeError, "input"),
+    (lambda x, w: lt.layer_norm(torch.nested.nested_tensor([x, x]), 8), TypeError, "input"),
+    (lambda x, w: lt.rms_norm(x, 8, w.to_sparse()), TypeError, "weight"),
+    (lambda x, w: lt.add_layer_norm(x, x.to_sparse(), 8), TypeError, "residual"),
 ])
 def test_bad_input(gen, call, exc, match):
     x = randn(gen, 4, 8, dtype=torch.float32)

@@ -16,8 +16,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if args.command == "check":
-        from lnfast import _selftest
+        from lnfast import _selftest, get_num_threads
 
+        try:
+            get_num_threads()
+        except ValueError as e:     # (a bad LNFAST_NUM_THREADS: every call would raise it)
+            print(f"python -m lnfast check: {e}", file=sys.stderr)
+            return 2
         return 0 if _selftest.run(args.seed) else 1
     if args.command == "config":
         import lnfast

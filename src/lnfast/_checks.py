@@ -42,12 +42,20 @@ def array(name, a):
     return a
 
 
+def _got(dtype):
+    """A dtype as an error names it: a byte order not the machine's said so."""
+    if dtype.isnative:
+        return str(dtype)
+    return (f"{dtype.str} (not the machine's byte order: pass "
+            f"a.astype(a.dtype.newbyteorder('=')))")
+
+
 def data(name, a, kind=array):
     """An input holding rows to normalize (x, residual): a float array of at
     least one axis.  kind: the check of its type (lnfast.jax has its own)."""
     kind(name, a)
     if a.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {a.dtype}")
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {_got(a.dtype)}")
     if a.ndim == 0:
         raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
     return a
@@ -81,8 +89,9 @@ def normalized(name, a, ax):
     product D must be at least 1."""
     shape = tuple(a.shape[k] for k in ax)
     if 0 in shape:
-        where = "last axis" if ax == (a.ndim - 1,) else f"normalized axes {ax}"
-        raise ValueError(f"{name} must have a non-empty {where} (D >= 1), got shape {a.shape}")
+        where = "a last axis" if ax == (a.ndim - 1,) else f"normalized axes {ax}"
+        raise ValueError(f"{name} must have {where} of non-zero length (D >= 1), "
+                         f"got shape {a.shape}")
     return shape
 
 
@@ -90,7 +99,7 @@ def like(name, a, x, x_name="x"):
     """An array that must match x in shape and dtype (dy, dz, residual)."""
     array(name, a)
     if a.dtype != x.dtype:
-        raise TypeError(f"{name} must have the dtype of {x_name} ({x.dtype}), got {a.dtype}")
+        raise TypeError(f"{name} must have the dtype of {x_name} ({x.dtype}), got {_got(a.dtype)}")
     if a.shape != x.shape:
         raise ValueError(f"{name} must have the shape of {x_name} {x.shape}, got {a.shape}")
     return a
@@ -105,7 +114,7 @@ def param(name, p, shape, dtype, kind=array):
     kind(name, p)
     if p.dtype != dtype and p.dtype != np.float32:
         also = "" if dtype == np.float32 else " or float32"
-        raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {p.dtype}")
+        raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {_got(p.dtype)}")
     if p.shape != shape:
         raise ValueError(f"{name} must have shape {shape} (the normalized axes'), got {p.shape}")
     return p
@@ -116,7 +125,7 @@ def stats(name, s, shape):
     the normalized axes."""
     array(name, s)
     if s.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {s.dtype}")
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {_got(s.dtype)}")
     if s.shape != shape:
         raise ValueError(
             f"{name} must have shape {shape} (x's without the normalized axes), got {s.shape}")
@@ -149,7 +158,7 @@ def eps(value):
 def out(o, shape, dtype):
     array("out", o)
     if o.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {o.dtype}")
+        raise TypeError(f"out must have dtype {dtype}, got {_got(o.dtype)}")
     if o.shape != shape:
         raise ValueError(f"out must have shape {shape}, got {o.shape}")
     if not getattr(o.flags, "writeable", True):     # CuPy arrays are always writeable

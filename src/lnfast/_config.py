@@ -20,6 +20,15 @@ def _gpu_status():
     return _gpu.usable()[1]
 
 
+def _threads():
+    """The thread count, or what is wrong with LNFAST_NUM_THREADS (every
+    call raises it too)."""
+    try:
+        return get_num_threads()
+    except ValueError as e:
+        return f"error: {e}"
+
+
 def config():
     """The facts show_config() prints, as a dict."""
     build = _cpu.build_info()
@@ -31,7 +40,7 @@ def config():
         "compiler": build["compiler"],
         "openmp": build["openmp"],
         "simd": build["simd"],
-        "threads": get_num_threads(),
+        "threads": _threads(),
         "output cache": "{:.0f} MiB held, limit {:.0f} MiB".format(
             *(n / 2**20 for n in _pool.cache_info()[:2])),
         "gpu": _gpu_status(),

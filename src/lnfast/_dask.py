@@ -44,6 +44,8 @@ def _kind(a):
     block = a._meta if _checks.is_dask(a) else a
     if _checks.is_cupy(block):
         return "cupy.ndarray"
+    if isinstance(block, np.ma.MaskedArray):
+        return "numpy.ma.MaskedArray"
     return "numpy.ndarray" if isinstance(block, np.ndarray) else type(block).__name__
 
 
@@ -59,6 +61,10 @@ def _inputs(x_name, x, arrays, params):
             raise TypeError(f"{name} is a {type(a).__module__}.{type(a).__name__} but {x_name} "
                             f"is a dask.array.Array: pass both as Dask arrays")
     blocks = _kind(x)
+    if blocks not in ("numpy.ndarray", "cupy.ndarray"):
+        why = " (their masks would be ignored)" if blocks == "numpy.ma.MaskedArray" else ""
+        raise TypeError(f"the blocks of {x_name} must be NumPy or CuPy arrays, got {blocks}s"
+                        f"{why}")
     for name, a in [(x_name, x), *arrays, *params]:
         if a is None:
             continue

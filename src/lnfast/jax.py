@@ -66,6 +66,17 @@ def _array(name, a):
     return a
 
 
+def _eps(eps):
+    """eps as lnfast checks it; a concrete JAX scalar is taken as its value,
+    a traced one refused (eps is compiled into the call)."""
+    if isinstance(eps, jax.core.Tracer):
+        raise TypeError("eps must be a concrete real number (a Python float; it is "
+                        "compiled into the call), got a traced value")
+    if isinstance(eps, jax.Array) and eps.shape == () and jnp.issubdtype(eps.dtype, jnp.floating):
+        eps = float(eps)
+    return _checks.eps(eps)
+
+
 def _plan(x, axis):
     """(normalized axes, their shape, whether they are x's last ones)."""
     _checks.data("x", x, _array)
@@ -190,7 +201,7 @@ def _vectors(x, weight, bias, norm, centered):
 
 def _norm(x, weight, bias, eps, axis, centered):
     ax, norm, last = _plan(x, axis)
-    eps = _checks.eps(eps)
+    eps = _eps(eps)
     w, b = _vectors(x, weight, bias, norm, centered)
     y = _rows(_as_rows(x, ax, last, w.shape[0]), w, b, eps, centered)
     return _from_rows(y, x.shape, ax, last)
@@ -297,10 +308,12 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: Optional[ArrayLike
     """
     ax, norm, last = _plan(x, axis)
     _checks.data("residual", residual, _array)
-    if residual.dtype != x.dtype or tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(f"residual must have x's shape and dtype ({tuple(x.shape)}, "
-                         f"{x.dtype}), got ({tuple(residual.shape)}, {residual.dtype})")
-    eps = _checks.eps(eps)
+    if residual.dtype != x.dtype:
+        raise TypeError(f"residual must have x's dtype ({x.dtype}), got {residual.dtype}")
+    if tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, "
+                         f"got {tuple(residual.shape)}")
+    eps = _eps(eps)
     w, b = _vectors(x, weight, bias, norm, True)
     D = w.shape[0]
     y, z = _add_rows(_as_rows(x, ax, last, D), _as_rows(residual, ax, last, D), w, b, eps)

@@ -22,6 +22,8 @@ bits.  Gradients of gradients are not computed: asking for them is
 PyTorch's error for `lnfast::norm_backward`, which has no derivative.
 """
 import ctypes
+import numbers
+import operator
 import os
 import pathlib
 import sys
@@ -378,21 +380,38 @@ def _apply(x, residual, weight, bias, k, eps, centered):
 
 # --- the functions -------------------------------------------------------------
 
+def _strided(name, t):
+    """A TypeError unless t is a dense (strided, not nested) tensor."""
+    if t.layout != torch.strided or t.is_nested:
+        kind = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise _TypeError(f"{name} must be a dense (strided) tensor, got {kind}")
+
+
+def _size(n):
+    """One size of normalized_shape: an integer (operator.index), not a bool."""
+    if isinstance(n, bool):
+        raise TypeError
+    return operator.index(n)
+
+
 def _normalized(x, normalized_shape, params):
     """k, the number of trailing axes normalized, after the checks that
     torch.nn.functional makes (shapes) and those of lnfast (dtypes,
     devices)."""
     if not isinstance(x, torch.Tensor):
         raise _TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
+    _strided("input", x)
     if type(normalized_shape) is int:
         shape = (normalized_shape,)
     elif type(normalized_shape) is tuple and all(type(n) is int for n in normalized_shape):
         shape = normalized_shape        # (the modules' own, checked quickest)
     else:
-        try:
-            if isinstance(normalized_shape, (str, bytes)):
+        try:        # (integers only, as torch: not floats, bools or a tensor of sizes)
+            if isinstance(normalized_shape, (str, bytes, torch.Tensor)):
                 raise TypeError
-            shape = tuple(int(n) for n in normalized_shape)  # type: ignore[assignment]
+            if isinstance(normalized_shape, numbers.Integral):
+                normalized_shape = (normalized_shape,)
+            shape = tuple(_size(n) for n in normalized_shape)
         except (TypeError, ValueError):
             raise _TypeError(f"normalized_shape must be an int or a sequence of ints, "
                              f"got {normalized_shape!r}") from None
@@ -413,6 +432,7 @@ def _normalized(x, normalized_shape, params):
             continue
         if not isinstance(p, torch.Tensor):
             raise _TypeError(f"{name} must be a torch.Tensor or None, got {type(p).__name__}")
+        _strided(name, p)
         if p.dtype != dtype and p.dtype != torch.float32:
             also = "" if dtype == torch.float32 else " or float32"
             raise _TypeError(f"{name} must have input's dtype ({dtype}){also}, got {p.dtype}")
@@ -434,6 +454,13 @@ def _eps(eps):
         raise _TypeError(str(e)) from None
     except ValueError as e:
         raise _ValueError(str(e)) from None
+
+
+def _default_rms_eps(dtype):
+    """rms_norm's eps=None, as PyTorch's: float64's machine epsilon for
+    float64 input, float32's for the others (its float16 and bfloat16
+    kernels compute in float32 and take float32's)."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
 
 
 Shape = Union[int, Sequence[int]]
@@ -488,7 +515,9 @@ def rms_norm(input: torch.Tensor, normalized_shape: Shape,
     weight : torch.Tensor or None, optional
         Of normalized_shape, in input's dtype or float32.
     eps : float or None, optional
-        Added to the mean square; None is ``torch.finfo(input.dtype).eps``.
+        Added to the mean square; None is PyTorch's default: float64's
+        machine epsilon for float64 input, float32's for the others
+        (float16 and bfloat16 included, as ``torch.nn.RMSNorm``).
 
     Returns
     -------
@@ -505,7 +534,7 @@ def rms_norm(input: torch.Tensor, normalized_shape: Shape,
     if y is not None:
         return y
     k = _normalized(input, normalized_shape, (("weight", weight),))
-    eps = torch.finfo(input.dtype).eps if eps is None else _eps(eps)
+    eps = _default_rms_eps(input.dtype) if eps is None else _eps(eps)
     return _apply(input, None, weight, None, k, eps, False)[0]
 
 
@@ -545,10 +574,13 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sh
     k = _normalized(x, normalized_shape, (("weight", weight), ("bias", bias)))
     if not isinstance(residual, torch.Tensor):
         raise _TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
-    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
-        raise _ValueError(f"residual must have x's shape, dtype and device "
-                          f"({list(x.shape)}, {x.dtype}, {x.device}), got "
-                          f"({list(residual.shape)}, {residual.dtype}, {residual.device})")
+    _strided("residual", residual)
+    if residual.dtype != x.dtype:
+        raise _TypeError(f"residual must have x's dtype ({x.dtype}), got {residual.dtype}")
+    if residual.shape != x.shape or residual.device != x.device:
+        raise _ValueError(f"residual must have x's shape and device "
+                          f"({list(x.shape)}, {x.device}), got "
+                          f"({list(residual.shape)}, {residual.device})")
     return _apply(x, residual, weight, bias, k, _eps(eps), True)
 
 

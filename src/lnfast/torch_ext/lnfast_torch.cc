@@ -412,13 +412,14 @@ norm_autograd(const Tensor &x, const optional<Tensor> &residual, const optional<
 // --- the eager entry point --------------------------------------------------------
 
 // An argument of eager(): a plain CPU tensor (torch.Tensor or
-// torch.nn.Parameter, strided), else null.
+// torch.nn.Parameter, strided, not nested), else null.
 const Tensor *cpu_tensor(PyObject *o)
 {
     if (!THPVariable_CheckExact(o))
         return nullptr;
     const Tensor &t = THPVariable_Unpack(o);
-    return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided ? &t : nullptr;
+    return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && !t.is_nested()
+               ? &t : nullptr;
 }
 
 // k, the number of x's last axes that normalized_shape (an int, a tuple or
@@ -487,10 +488,8 @@ PyObject *eager(PyObject *, PyObject *const *args, Py_ssize_t nargs)
         || !fits(args[4], x, norm, true, bias))
         Py_RETURN_NONE;
     double eps;
-    if (mode == 1 && args[5] == Py_None) {      // (torch.finfo(dtype).eps)
-        at::ScalarType t = x.scalar_type();
-        eps = t == at::kFloat ? 0x1p-23 : t == at::kDouble ? 0x1p-52 : t == at::kHalf ? 0x1p-10
-                                                                                      : 0x1p-7;
+    if (mode == 1 && args[5] == Py_None) {      // (as torch: float64's eps, else float32's)
+        eps = x.scalar_type() == at::kDouble ? 0x1p-52 : 0x1p-23;
     } else if (PyFloat_CheckExact(args[5])) {
         eps = PyFloat_AS_DOUBLE(args[5]);
         if (!(std::isfinite(eps) && eps >= 0.0))
