@@ -21,11 +21,12 @@
 #endif
 
 /* --- Rows redone (forward.c, backward.c); these fix the bits. --- */
-/* A LayerNorm row is summed again about its mean when its shift (the first
- * value) lies more than sqrt(LNF_RESHIFT) standard deviations from the mean
- * (float32 and 16-bit rows; float64 rows: LNF_RESHIFT_F64). */
-#define LNF_RESHIFT 16
-#define LNF_RESHIFT_F64 4
+/* A LayerNorm row's sums run about its shift: the mean of its first
+ * LNF_SHIFT_TERMS values (rowops.h, row_shift; a power of two). */
+#define LNF_SHIFT_TERMS 8
+/* A LayerNorm row is summed again about its mean when its shift lies more
+ * than sqrt(LNF_RESHIFT) standard deviations from the mean. */
+#define LNF_RESHIFT 1
 /* Rows whose variance is below this floor are redone in float64 (squares
  * may have underflowed): float32 arithmetic, float64 arithmetic. */
 #define LNF_VAR_FLOOR_F32 1e-30
@@ -43,6 +44,9 @@
 /* Rows per tile: the lanes of the tile operations.  Fixes the bits (the
  * backward adds a column's dweight/dbias terms across a tile's lanes). */
 #define LNF_TILE 16
+/* Blocks of float64 terms a tile lane sums from zero before adding them
+ * into its running sum (tileops.h). */
+#define LNF_TILE_SUPER_F64 8
 /* Rows far apart are taken by tiles when they have at most this many
  * elements (a tile is read twice, the second time from cache), else
  * gathered one by one; fixes which of the two computes a row. */

@@ -10,9 +10,10 @@
 /* k = {hi, lo, rstd} of a row from its sums s over x - s[2] (RMSNorm:
  * over x); 0 for the rare rows that row_exact must redo.
  *
- * LayerNorm sums run over x - x[0]: shifting by a member of the row keeps
- * the sums of the size of the row's spread rather than its offset (and the
- * differences of nearby values exact), so the cancellation in
+ * LayerNorm sums run over x - shift, the mean of the row's first few
+ * values (row_shift): shifting by a value near the row's keeps the sums of
+ * the size of the row's spread rather than its offset (and the differences
+ * of nearby values exact), so the cancellation in
  * S2/D - (S1/D)^2 costs at most ~D ulps of float64 (typically one) -- not
  * the textbook E[x^2] - E[x]^2 in working precision, which returns garbage
  * for rows like [40000, 40001, 40002, 40003].  The float64 mean is then
@@ -56,8 +57,7 @@ static inline void F(resum_far_shift)(const lnf_row_ops *ops, const void *row, d
                                       ptrdiff_t D, int centered)
 {
     double m = s[0] / D;
-    double limit = REAL_F64 ? LNF_RESHIFT_F64 : LNF_RESHIFT;
-    if (centered && m * m > limit * (s[1] / D - m * m))
+    if (centered && m * m > LNF_RESHIFT * (s[1] / D - m * m))
         ops->sums(row, NULL, NULL, 2, (REAL)(s[2] + m), s, D, NULL, NULL);
 }
 
@@ -252,12 +252,12 @@ static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const vo
 {
     enum { T = LNF_TILE };
     ptrdiff_t D = f->a->D;
-    double limit = REAL_F64 ? LNF_RESHIFT_F64 : LNF_RESHIFT, again[3 * T];
+    double again[3 * T];
     REAL shift[T] = {0};
     int far[T], any = 0;
     for (ptrdiff_t j = 0; j < n; j++) {
         double m = s[j] / D;
-        far[j] = f->a->centered && m * m > limit * (s[T + j] / D - m * m);
+        far[j] = f->a->centered && m * m > LNF_RESHIFT * (s[T + j] / D - m * m);
         shift[j] = (REAL)(far[j] ? s[2 * T + j] + m : s[2 * T + j]);
         any |= far[j];
     }

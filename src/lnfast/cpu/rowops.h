@@ -259,6 +259,39 @@ LNF_ATTR LNF_INLINE LNF_T next1(const LNF_S *xn, const LNF_S *rn, LNF_S *zn, ptr
     return LNF_GET(zn, j);
 }
 
+/* Element j of the row to sum as next1 returns it, z not stored. */
+LNF_ATTR LNF_INLINE LNF_T value1(const LNF_S *xn, const LNF_S *rn, ptrdiff_t j)
+{
+    if (rn == NULL)
+        return LNF_GET(xn, j);
+    LNF_S z[1];
+    LNF_PUT(z, 0, LNF_GET(xn, j) + LNF_GET(rn, j));
+    return LNF_GET(z, 0);
+}
+
+/* sum / k, by a multiplication where k is LNF_SHIFT_TERMS (a power of two:
+ * the same value, without a division per row). */
+#define SHIFT_MEAN(sum, k) \
+    ((k) == LNF_SHIFT_TERMS ? (sum) * (1.0 / LNF_SHIFT_TERMS) : (sum) / (double)(k))
+
+/* A LayerNorm row's shift: the mean of its first LNF_SHIFT_TERMS values
+ * (all of a shorter row's; as next1 reads them), added in float64 in order
+ * and rounded to LNF_T; the first value where that mean is not finite.
+ * Squares of x - shift are rounded, and the cancellation in
+ * S2/D - (S1/D)^2 magnifies that by 1 + (mean - shift)^2 / var: a mean of
+ * several values lies nearer the row's mean than one value does (a single
+ * value is often 2-4 deviations off), and still near its values, so that
+ * differences of close values (a large common offset) stay exact. */
+LNF_ATTR LNF_INLINE LNF_T row_shift(const LNF_S *xn, const LNF_S *rn, ptrdiff_t n)
+{
+    ptrdiff_t k = n < LNF_SHIFT_TERMS ? n : LNF_SHIFT_TERMS;
+    double sum = 0.0;
+    for (ptrdiff_t j = 0; j < k; j++)
+        sum += (double)value1(xn, rn, j);
+    double m = SHIFT_MEAN(sum, k);
+    return m - m == 0.0 ? (LNF_T)m : value1(xn, rn, 0);
+}
+
 /* dx[j] of the backward map (k: its scalars) and its dweight/dbias terms
  * added to dw[j] and db[j] (db NULL: RMSNorm). */
 LNF_ATTR LNF_INLINE void grad_map1(const LNF_S *x, const LNF_S *dy, const LNF_S *dz, LNF_S *dx,
@@ -448,15 +481,14 @@ LNF_ATTR LNF_INLINE void grad_blocks(const LNF_S *xn, const LNF_S *dyn, const LN
  *   zn when rn is not NULL (next1), and s[0] = sum(v - shift),
  *   s[1] = sum((v - shift)^2), differences and squares in LNF_T, sums in
  *   float64 lanes fed in blocks; s[2] = shift: 0 when centered is 0
- *   (RMSNorm), the row's first value when 1, `hi` when 2 (a second look at
- *   a row, x NULL and rn NULL).
+ *   (RMSNorm), row_shift's when 1, `hi` when 2 (a second look at a row, x
+ *   NULL and rn NULL).
  *
  * With `stream` set, y is written with streaming stores (LNF_OUT) where it
  * starts on 16 bytes.
- * shift is a member of the row, so differences of close values are exact;
- * the caller sums a row again about its mean where the first value lay
- * far from it, and redoes in float64 the rare rows whose squares could
- * overflow or underflow LNF_T. */
+ * The caller sums a row again about its mean where the shift lay far from
+ * it, and redoes in float64 the rare rows whose squares could overflow or
+ * underflow LNF_T. */
 LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict w,
                               const LNF_T *__restrict b, LNF_T hi, LNF_T lo, LNF_T rs,
                               const LNF_S *xn, const LNF_S *rn, LNF_S *zn, int centered,
@@ -470,7 +502,7 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
     (void)nt;   /* (unused by the plain C loops) */
     LNF_T shift = 0;
     if (xn != NULL && centered)
-        shift = centered == 2 ? hi : next1(xn, rn, zn, 0);
+        shift = centered == 2 ? hi : row_shift(xn, rn, n);
 #if LNF_VECTOR
     lnf_lanes l1, l2;
     const LNF_VT sh = LNF_SPLAT(shift), kv[3] = {LNF_SPLAT(hi), LNF_SPLAT(lo), LNF_SPLAT(rs)};

@@ -14,8 +14,9 @@
  *
  * Sums follow the rows' scheme (rowops.h) with a row's columns as its
  * terms, in order: LNF_BLOCK terms summed in LNF_T, groups of LNF_SUPER
- * block sums added in LNF_T from 0 (the last group possibly shorter), each
- * group widened into the lane's float64 sum.  The backward map adds each
+ * block sums (float64: LNF_TILE_SUPER_F64) added in LNF_T from 0 (the last
+ * group possibly shorter), each group widened into the lane's float64 sum
+ * (TILE_BLOCKS).  The backward map adds each
  * lane's dweight/dbias terms of a column into that lane's run in LNF_T (a
  * run of LNF_RUN_ROWS tiles, as the rows' float32 runs of LNF_RUN_ROWS
  * rows; the driver adds the runs into the float64 partial rows).
@@ -32,7 +33,15 @@
 
 /* Column i of a tile at p. */
 #define TCOL(p, i) ((LNF_S *)(void *)((char *)(p) + (i) * inner))
-#define TILE_BLOCKS (LNF_BLOCK * LNF_SUPER)     /* columns per widened group */
+/* Columns per group, summed from zero and then added into the lane's
+ * float64 sum: for float32 arithmetic, widened then; for float64, a second
+ * level, so that a long row is not one running sum per lane (the row
+ * kernels' lanes split it). */
+#if LNF_DOUBLE
+#define TILE_BLOCKS (LNF_BLOCK * LNF_TILE_SUPER_F64)
+#else
+#define TILE_BLOCKS (LNF_BLOCK * LNF_SUPER)
+#endif
 /* fetch(line) for each line of column p LNF_TILE_AHEAD tiles ahead.  The
  * inputs' lines go into the L2 (TILE_PREFETCH): the L1 would evict them
  * again before their tile comes where the columns share few sets. */
@@ -187,9 +196,45 @@ LNF_ATTR LNF_INLINE tile_v tile_in(const void *x, const void *r, void *z, ptrdif
     return LNF_STORAGE16 ? tv_load(TCOL(z, i)) : TV_ADD(e, tv_load(TCOL(r, i)));
 }
 
+/* Column i as tile_in reads it, z not stored. */
+LNF_ATTR LNF_INLINE tile_v tile_value(const void *x, const void *r, ptrdiff_t inner, ptrdiff_t i)
+{
+    tile_v e = tv_load(TCOL(x, i));
+    if (r == NULL)
+        return e;
+    e = TV_ADD(e, tv_load(TCOL(r, i)));
+    if (LNF_STORAGE16) {
+        LNF_S z[LNF_TILE];
+        tv_store(z, e);
+        e = tv_load(z);
+    }
+    return e;
+}
+
+/* Each lane's row_shift (rowops.h): the mean of its row's first
+ * LNF_SHIFT_TERMS values, added in float64 in order, or the first value
+ * where that mean is not finite. */
+LNF_ATTR static tile_v tile_shift(const void *x, const void *r, ptrdiff_t inner, ptrdiff_t D)
+{
+    ptrdiff_t k = D < LNF_SHIFT_TERMS ? D : LNF_SHIFT_TERMS;
+    tile_v first = tile_value(x, r, inner, 0);
+    tile_d sum = TV_WIDEN(first);
+    for (ptrdiff_t i = 1; i < k; i++)
+        sum = TD_ADD(sum, TV_WIDEN(tile_value(x, r, inner, i)));
+    double m[LNF_TILE];
+    LNF_T f[LNF_TILE], sh[LNF_TILE];
+    memcpy(m, &sum, sizeof m);
+    memcpy(f, &first, sizeof f);
+    for (int j = 0; j < LNF_TILE; j++) {
+        double v = SHIFT_MEAN(m[j], k);
+        sh[j] = v - v == 0.0 ? (LNF_T)v : f[j];
+    }
+    return tv_lanes(sh);
+}
+
 /* s[0:T) = the lanes' sums of d = x - shift, s[T:2T) of d^2, s[2T:3T) the
- * shifts: shift[0:T) where given, else (centered) the first column, else
- * 0.  With r: x + r, stored to z and read as stored.  Where `copy` is
+ * shifts: shift[0:T) where given, else (centered) tile_shift's, else 0.
+ * With r: x + r, stored to z and read as stored.  Where `copy` is
  * given, the values summed (x, or z as stored) are kept there in LNF_T,
  * LNF_TILE per column, for the map to read from the cache: rows far
  * apart may share few cache sets (a power of two apart, all of them). */
@@ -199,7 +244,7 @@ LNF_ATTR static void tile_sums(const void *x, const void *r, void *z, ptrdiff_t 
 {
     LNF_T *keep = copy;
     tile_v sh = shift != NULL ? tv_lanes(shift)
-                : centered    ? tile_in(x, r, z, inner, 0)
+                : centered    ? tile_shift(x, r, inner, D)
                               : TV_SPLAT(0);
     tile_d a1 = TV_WIDEN(TV_SPLAT(0)), a2 = a1;
     for (ptrdiff_t g0 = 0; g0 < D; g0 += TILE_BLOCKS) {
