@@ -81,6 +81,21 @@ def test_rms_norm_matches_functional(gen, dtype, eps):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("wdtype", DTYPES, ids=str)
+def test_rms_norm_takes_a_weight_of_any_float_dtype(gen, dtype, wdtype):
+    # as torch.nn.functional.rms_norm does: the result in input's dtype
+    x = randn(gen, 3, 16, dtype=dtype, grad=True)
+    w = (1 + randn(gen, 16, dtype=torch.float32)).to(wdtype).requires_grad_()
+    y = lt.rms_norm(x, 16, w)
+    want = F.rms_norm(x.detach().double(), (16,), w.detach().double())
+    rtol, atol = TOL[dtype]
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.double(), want, rtol=rtol, atol=atol)
+    gx, gw = torch.autograd.grad(y.sum(), (x, w))
+    assert gx.dtype == dtype and gw.dtype == wdtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rms_norm_default_eps_is_torchs(dtype):
     # (a small mean square, where eps shows: torch takes float32's epsilon for
     # float16 and bfloat16 input, not the dtype's own)
@@ -402,6 +417,30 @@ def test_replace_norms_on_a_transformer_block(gen):
     assert {id(model.ln1.weight), id(model.ln2.bias), id(model.out.weight)} <= held
     model(x).square().mean().backward()
     assert model.ln2.weight.grad is not None and model.ln2.weight.grad.abs().sum() > 0
+
+
+def test_replace_norms_keeps_the_modules_themselves():
+    ln = torch.nn.LayerNorm(8)
+    calls = []
+    ln.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    ln.note = "kept"
+    shared = torch.nn.Sequential(ln, torch.nn.Linear(8, 8), ln, torch.nn.RMSNorm(8))
+    x = torch.randn(3, 8)
+    want = shared(x)
+    assert lt.replace_norms(shared) is shared
+    assert shared[0] is ln and shared[2] is ln and type(ln) is lt.LayerNorm
+    assert type(shared[3]) is lt.RMSNorm and ln.note == "kept"
+    calls.clear()
+    torch.testing.assert_close(shared(x), want)
+    assert calls == [torch.Size([3, 8])] * 2       # (the hook, twice: one module, used twice)
+    # a weight recomputed by a hook (torch.nn.utils.weight_norm) is read as torch's is
+    wn = torch.nn.utils.weight_norm(torch.nn.LayerNorm(8), dim=None)
+    want = wn(x)
+    torch.testing.assert_close(lt.replace_norms(wn)(x), want)
+    # subclasses stay as they are
+    class Mine(torch.nn.LayerNorm):
+        pass
+    assert type(lt.replace_norms(Mine(8))) is Mine
 
 
 def test_replace_norms_keeps_dtype_device_and_mode():

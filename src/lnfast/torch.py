@@ -513,7 +513,9 @@ def rms_norm(input: torch.Tensor, normalized_shape: Shape,
     normalized_shape : int or sequence of ints
         The last axes of input, normalized together.
     weight : torch.Tensor or None, optional
-        Of normalized_shape, in input's dtype or float32.
+        Of normalized_shape, in any floating dtype, as PyTorch's: one other
+        than input's and float32 is taken in input's dtype (float32 for
+        16-bit input), its gradient returned in its own.
     eps : float or None, optional
         Added to the mean square; None is PyTorch's default: float64's
         machine epsilon for float64 input, float32's for the others
@@ -533,6 +535,9 @@ def rms_norm(input: torch.Tensor, normalized_shape: Shape,
     y = _eager(input, normalized_shape, None, weight, None, eps, 1)
     if y is not None:
         return y
+    if (isinstance(weight, torch.Tensor) and isinstance(input, torch.Tensor)
+            and weight.dtype in _DTYPES and weight.dtype not in (input.dtype, torch.float32)):
+        weight = weight.to(input.dtype if input.dtype == torch.float64 else torch.float32)
     k = _normalized(input, normalized_shape, (("weight", weight),))
     eps = _default_rms_eps(input.dtype) if eps is None else _eps(eps)
     return _apply(input, None, weight, None, k, eps, False)[0]
@@ -618,39 +623,29 @@ class RMSNorm(torch.nn.RMSNorm):
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
-def _swapped(m):
-    """lnfast's module for m, holding m's own parameters, or None."""
-    new: torch.nn.Module
-    if type(m) is torch.nn.LayerNorm:
-        new = LayerNorm(m.normalized_shape, m.eps, m.elementwise_affine, bias=m.bias is not None,
-                        device="meta")
-        new.weight, new.bias = m.weight, m.bias
-    elif type(m) is torch.nn.RMSNorm:
-        new = RMSNorm(m.normalized_shape, m.eps, m.elementwise_affine, device="meta")
-        new.weight = m.weight
-    else:
-        return None
-    new.train(m.training)
-    return new
+# torch.nn's modules and lnfast's for them: lnfast's only override forward.
+_LNFAST_CLASS = {torch.nn.LayerNorm: LayerNorm, torch.nn.RMSNorm: RMSNorm}
 
 
 def replace_norms(module: torch.nn.Module) -> torch.nn.Module:
     """Swap every `torch.nn.LayerNorm` and `torch.nn.RMSNorm` in `module`
     for lnfast's, in place.
 
-    The new modules hold the same Parameter objects (an optimizer built
-    before still steps them), on the same device, in the same dtype and
-    training mode.
+    Each such module becomes lnfast's by its class alone (lnfast's modules
+    only override ``forward``): the same object, with its Parameters (an
+    optimizer built before still steps them), device, dtype, training mode,
+    hooks and attributes, wherever it is registered. Subclasses of them are
+    left as they are.
 
     Parameters
     ----------
     module : torch.nn.Module
-        The model; a LayerNorm or RMSNorm itself is replaced by the result.
+        The model, or a LayerNorm or RMSNorm itself.
 
     Returns
     -------
     torch.nn.Module
-        `module`, or lnfast's module standing for it.
+        `module`.
 
     Examples
     --------
@@ -660,12 +655,8 @@ def replace_norms(module: torch.nn.Module) -> torch.nn.Module:
     >>> type(model[1]).__module__
     'lnfast.torch'
     """
-    top = _swapped(module)
-    if top is not None:
-        return top
-    for parent in module.modules():
-        for name, child in list(parent.named_children()):
-            new = _swapped(child)
-            if new is not None:
-                setattr(parent, name, new)
+    for m in module.modules():
+        cls = _LNFAST_CLASS.get(type(m))
+        if cls is not None:
+            m.__class__ = cls
     return module
