@@ -141,15 +141,21 @@ def test_strided_inputs(rng, dtype):
         w = rng.standard_normal(40).astype(dtype)
         dy_c = rng.standard_normal(x.shape).astype(dtype)
         dy = np.flip(np.flip(dy_c, 0).copy(), 0)          # negative-stride dy
+        # rows far apart whose neighbours are adjacent take the tile kernels,
+        # whose last bits are their own (docs/api.md, "Axes"); other views
+        # are gathered into rows, the bits of contiguous rows
+        tiles = name == "feature axis transposed"
         got = lnfast.layer_norm_forward(x, w, w[::-1])
         want = lnfast.layer_norm_forward(contiguous, w, w[::-1].copy())
         for g, e in zip(got, want):
-            assert np.array_equal(g, e), name
+            assert (ref.rel_error(g, e) <= FORWARD_TOL[dtype] if tiles
+                    else np.array_equal(g, e)), name
         back = lnfast.layer_norm_backward(dy, x, got[1], got[2], w[::-1])
         back_c = lnfast.layer_norm_backward(dy_c, contiguous, want[1], want[2],
                                             w[::-1].copy())
         for g, e in zip(back, back_c):
-            assert np.array_equal(g, e), name
+            assert (ref.rel_error(g, e) <= BACKWARD_TOL[dtype] if tiles
+                    else np.array_equal(g, e)), name
         check_forward(x, w, None)
 
 

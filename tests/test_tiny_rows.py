@@ -105,18 +105,26 @@ def test_dweight_of_tiny_rows_is_exact_to_rounding(rng, dtype, xs, dys, rows, ce
 def test_tiny_rows_take_every_route_to_the_same_bits(rng, dtype, xs):
     """Tiny rows among ordinary ones, through the pipelined rows, the
     gathered (strided) rows, the fused add's dz, and rows summed by column
-    blocks on 1-3 threads: the same bits, and exact to rounding."""
+    blocks on 1-3 threads: the same bits, and exact to rounding; by tiles
+    (Fortran order: rows far apart, neighbours adjacent) exact to rounding
+    too."""
     M, D = 70, 40
     x = rng.standard_normal((M, D)).astype(dtype)
     x[::3] *= xs
     dy = rng.standard_normal((M, D)).astype(dtype)
     y, mean, rstd = lnfast.layer_norm_forward(x)
     ref = lnfast.layer_norm_backward(dy, x, mean, rstd)
-    strided = lnfast.layer_norm_backward(
-        np.asfortranarray(dy), np.asfortranarray(x), mean, rstd)
+
+    def every_other(a):
+        v = np.empty((M, 2 * D), dtype)[:, ::2]
+        v[...] = a
+        return v
+    strided = lnfast.layer_norm_backward(every_other(dy), every_other(x), mean, rstd)
     for a, b in zip(ref, strided):
         np.testing.assert_array_equal(a, b)
     ex_dw, _, ab, _ = exact_grads(dy.astype(np.float64), x.astype(np.float64), 1e-5, True, dtype)
+    tiles = lnfast.layer_norm_backward(np.asfortranarray(dy), np.asfortranarray(x), mean, rstd)
+    check(tiles[1], ex_dw, ab, dtype)
     old = _cpu.blocked_settings(0, 16)     # (summed by blocks: bits of their own)
     try:
         blocked = []

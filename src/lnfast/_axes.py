@@ -62,8 +62,9 @@ def _target(L, dest):
 
 def forward(kernels, x, residual, weight, bias, eps, out, centered, stats, axis):
     """kernels.forward over `axis`: (y, z, mean, rstd) as SPEC "Axes" says.
-    The kernels write a C-ordered y (out= itself when it is one), so that
-    out= never changes a result's bits.  (Dask's backend takes `axis`
+    The kernels write a C-ordered y (out= itself when it is one), and
+    their choice follows the inputs' layout alone, so out= never changes a
+    result's bits.  (Dask's backend takes `axis`
     itself: each block goes through here.)"""
     if getattr(kernels, "takes_axis", False):
         return kernels.forward(x, residual, weight, bias, eps, out, centered, stats, axis=axis)

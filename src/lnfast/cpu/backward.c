@@ -10,7 +10,8 @@
  * LNF_RUN_ROWS rows or fewer) rounds it straight to the output.  Threads
  * take chunks of their own, or, for long rows (LNF_BLOCKED_ROW_BYTES),
  * every thread takes every chunk, each its share of the columns
- * (backward_blocks).  Rows far apart whose neighbours are adjacent are
+ * (backward_blocks; rows gathered for a strided dx are summed by the same
+ * blocks, row_grad_sums).  Rows far apart whose neighbours are adjacent are
  * taken by tiles, which add their terms into the partial rows directly
  * (tileops.h; backward_tiles). */
 #include <stdlib.h>
@@ -28,9 +29,10 @@ typedef struct lnf_bwd {
     const lnf_kernels *kn;      /* the compute type (gathered rows) */
     ptrdiff_t col_block;        /* blocked: columns per block */
     ptrdiff_t run;              /* rows far apart: adjacent rows per run (lnf_tile_run), or 0 */
+    int dx_like;                /* tiles: dx in x's layout (lnf_tile_like) */
     int direct;                 /* all rows contiguous, in x's dtype */
     int stream;                 /* dx written with streaming stores */
-    int blocked;                /* rows summed by column blocks (backward_blocks) */
+    int blocked;                /* rows summed by column blocks (row_grad_sums) */
     int one_run;                /* one chunk of one float32 run */
     int nthreads;
 } lnf_bwd;
@@ -176,7 +178,7 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
     ptrdiff_t stride = partial_stride(a->D), nsums = 0;
     int in_place = nchunks == 1 && a->dwdb_dtype == LNF_FLOAT64
                    && ((uintptr_t)a->dwdb % 64 == 0 || a->M < LNF_IN_PLACE_MAX_ROWS);
-    if (b->blocked)
+    if (b->blocked && b->direct)
         nsums = 6 * ((a->D + b->col_block - 1) / b->col_block) * b->nthreads;
     ptrdiff_t nruns = f32 ? stride * b->nthreads : 0;
     ptrdiff_t npart = in_place || b->one_run ? 0 : stride * nchunks;
@@ -211,17 +213,21 @@ int lnf_backward(const lnf_backward_args *a)
         || a->rstd == NULL || (a->centered && a->mean == NULL))
         return LNF_EINVAL;
     ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
-    const lnf_array *rows[4] = {&a->x, &a->dy, &a->dx, a->has_dz ? &a->dz : NULL};
+    const lnf_array *rows[4] = {&a->x, &a->dy, a->has_dz ? &a->dz : NULL, &a->dx};
     lnf_bwd b = {a, lnf_kernels_for(a->x.dtype), lnf_kernels_for(f32 ? LNF_FLOAT32 : LNF_FLOAT64),
-                 col_block, 0, 0, 0, 0, 0, 1};
+                 col_block, 0, 0, 0, 0, 0, 0, 1};
     b.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, nchunks));
+    /* Direct and gathered rows give the same bits; tiles or rows, and
+     * blocked sums, follow the inputs (x, dy, dz) alone, so that dx's
+     * layout never changes a bit. */
     b.direct = lnf_all_direct(rows, 4);
-    b.run = b.direct ? 0 : lnf_tile_run(rows, 4, a->D);
+    b.run = b.direct ? 0 : lnf_tile_run(rows, 3, 4, a->D);
+    b.dx_like = lnf_tile_like(&a->dx, &a->x);
     b.stream = b.direct ? lnf_streamed(a->D, lnf_itemsize(a->dx.dtype),
                                        a->M * a->D * lnf_itemsize(a->dx.dtype))
-                        : b.run && lnf_tile_streamed(&a->dx, b.run, a->M, a->D);
-    b.blocked = b.direct && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8))
-                                >= blocked_row_bytes;
+                        : b.run && b.dx_like && lnf_tile_streamed(&a->dx, b.run, a->M, a->D);
+    b.blocked = lnf_all_direct(rows, 3)
+                && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8)) >= blocked_row_bytes;
     b.one_run = f32 && !b.run && nchunks == 1 && a->M <= LNF_RUN_ROWS;
     lnf_reduction p;
     lnf_scratches s;

@@ -168,9 +168,25 @@ static void F(backward_block)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     }
 }
 
+/* The backward sums s of a row's x and dy (D values of the compute type):
+ * in one sweep, or where b->blocked by column blocks, added in block order
+ * as backward_blocks adds them, so that dx's layout changes no bit. */
+static void F(row_grad_sums)(const lnf_bwd *b, const lnf_row_ops *ops, const REAL *x,
+                             const REAL *dy, const REAL *w, REAL m, double *s)
+{
+    ptrdiff_t D = b->a->D, cbk = b->blocked ? b->col_block : D;
+    ops->grad_sums(x, dy, w, m, s, LNF_MIN(cbk, D), NULL, NULL);
+    for (ptrdiff_t cb = cbk; cb < D; cb += cbk) {
+        double t[3];
+        ops->grad_sums(x + cb, dy + cb, w + cb, m, t, LNF_MIN(cbk, D - cb), NULL, NULL);
+        for (int q = 0; q < 3; q++)
+            s[q] += t[q];
+    }
+}
+
 /* Row r of arrays with some rows strided or of another dtype, gathered into
  * the thread's rows (4: x, dy, dx, dz) and stored back: the arithmetic of
- * backward_block, one pass after another. */
+ * backward_block (or of backward_blocks), one pass after another. */
 static void F(backward_row)(const lnf_bwd *b, const REAL *w, const REAL *mean, const REAL *rstd,
                             ptrdiff_t r, REAL *g, lnf_scratch *sc)
 {
@@ -184,7 +200,7 @@ static void F(backward_row)(const lnf_bwd *b, const REAL *w, const REAL *mean, c
     const REAL *xr = lnf_load_row(&a->x, r, D, buf, sizeof(REAL));
     const REAL *dyr = lnf_load_row(&a->dy, r, D, buf + D, sizeof(REAL));
     REAL *dxr = lnf_out_row(&a->dx, r, buf + 2 * D, sizeof(REAL));
-    ops->grad_sums(xr, dyr, w, m, s, D, NULL, NULL);
+    F(row_grad_sums)(b, ops, xr, dyr, w, m, s);
     if (!F(row_grad_scalars)(s, D, a->centered, m, rstd[r], k)) {
         F(backward_exact)(b, w, mean, rstd, r, g, sc);
         return;
@@ -305,11 +321,12 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
 /* Rows r0..r1-1 of a chunk far apart whose neighbours are adjacent, by
  * tiles of LNF_TILE rows from r0; a run of b->run adjacent rows ends in a
  * shorter tile, which runs on copies (lnf_tile_gather), so a chunk's tiles
- * depend on the shape alone.  The map reads x and dy from the copies the
- * sums kept (xs, dys).  Each tile adds its dweight/dbias terms into
- * per-lane runs (tileops.h), which are added across their lanes into
- * the partial rows dw after every LNF_RUN_ROWS tiles and after the
- * chunk's last (tile_fold).  Rows that row_grad_scalars turns down are
+ * depend on the shape alone.  Where dx is not in x's layout every tile
+ * runs on copies, its dx stored to its own rows (lnf_tile_scatter_to).
+ * The map reads x and dy from the copies the sums kept (xs, dys).  Each
+ * tile adds its dweight/dbias terms into per-lane runs (tileops.h), which
+ * are added across their lanes into the partial rows dw after every
+ * LNF_RUN_ROWS tiles and after the chunk's last (tile_fold).  Rows that row_grad_scalars turns down are
  * zeroed in xs and dys (they then add nothing) and redone by
  * backward_exact (its float64 terms go into dw itself, or for float32
  * arithmetic into sc->grads). */
@@ -336,7 +353,8 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         const char *pdz = dz ? lnf_row(&a->dz, r) : NULL;
         char *pdx = lnf_row(&a->dx, r);
         n = LNF_MIN(LNF_MIN((ptrdiff_t)T, b->run - r % b->run), r1 - r);
-        if (n < T) {
+        int copy = n < T || !b->dx_like;
+        if (copy) {
             lnf_tile_gather(px, inner, stage, n, isz, D);
             lnf_tile_gather(pdy, inner, stage + tb, n, isz, D);
             if (dz)
@@ -361,11 +379,11 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             }
         }
         ops->tile_grad_map(xs, dys, pdz, pdx, inner, k, lanes, c ? lanes + D * T : NULL, w, D,
-                           b->stream && n == T);
+                           b->stream && !copy);
         if (++tiles % LNF_RUN_ROWS == 0 || r + n == r1)
             ops->tile_fold(lanes, dw, width);
-        if (n < T)
-            lnf_tile_scatter(pdx, lnf_row(&a->dx, r), a->x.inner, n, isz, D);
+        if (copy)
+            lnf_tile_scatter_to(pdx, &a->dx, b->dx_like, r, n, isz, D);
         if (any && b->stream)           /* (the streamed lines before the rare rows) */
             lnf_stream_fence();
         for (ptrdiff_t j = 0; j < n && any; j++)
@@ -387,7 +405,7 @@ static void F(backward_chunk)(const lnf_bwd *b, const REAL *w, const REAL *mean,
                               double *sums, lnf_scratch *sc)
 {
     const lnf_backward_args *a = b->a;
-    if (b->blocked) {
+    if (b->blocked && b->direct) {
         F(backward_blocks)(b, w, mean, rstd, r0, r1, dw, g, sums, sc, 0, 1);
         return;
     }
@@ -439,7 +457,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
             F(backward_chunk)(b, w, mean, rstd, chunk_row(b, c, nchunks),
                               chunk_row(b, c + 1, nchunks), part + stride * c,
                               F(run_rows)(p, part + stride * c, 0), p->sums, sc);
-    } else if (b->blocked && b->nthreads <= nb) {
+    } else if (b->blocked && b->direct && b->nthreads <= nb) {
 #pragma omp parallel num_threads(b->nthreads)
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();

@@ -58,25 +58,34 @@ static inline int lnf_all_direct(const lnf_array *const *arrays, int n)
     return 1;
 }
 
+/* Whether m has x's tile layout: x's dtype and element stride, and the
+ * same last leading axis of adjacent rows. */
+static inline int lnf_tile_like(const lnf_array *m, const lnf_array *x)
+{
+    return m->dtype == x->dtype && m->inner == x->inner && m->nd >= 1 && x->nd >= 1
+           && m->stride[m->nd - 1] == lnf_itemsize(x->dtype)
+           && m->shape[m->nd - 1] == x->shape[x->nd - 1];
+}
+
 /* Rows far apart whose neighbours are adjacent, taken by tiles
- * (tileops.h): when every array of arrays[0..n) (NULL: absent) has x's
- * dtype and element stride (not the itemsize) and the same last leading
- * axis of P > 1 adjacent rows, P; else 0.  Rows of more than
- * LNF_TILE_MAX_D elements are gathered instead. */
-static inline ptrdiff_t lnf_tile_run(const lnf_array *const *arrays, int n, ptrdiff_t D)
+ * (tileops.h): when x = arrays[0] is strided and it and the other inputs
+ * arrays[1..nin) (NULL: absent) have x's tile layout (lnf_tile_like), the
+ * P > 1 adjacent rows of its last leading axis; else 0.  The outputs
+ * arrays[nin..n) need only x's dtype (tiles store in it; C callers may mix
+ * dtypes): outputs of any layout are written from copies
+ * (lnf_tile_scatter_to), so that their layout never changes the bits.
+ * Rows of more than LNF_TILE_MAX_D elements are gathered instead. */
+static inline ptrdiff_t lnf_tile_run(const lnf_array *const *arrays, int nin, int n, ptrdiff_t D)
 {
     const lnf_array *x = arrays[0];
-    ptrdiff_t isz = lnf_itemsize(x->dtype);
-    if (x->nd < 1 || x->inner == isz || D > LNF_TILE_MAX_D)
+    if (x->nd < 1 || x->inner == lnf_itemsize(x->dtype) || D > LNF_TILE_MAX_D)
         return 0;
-    ptrdiff_t P = x->shape[x->nd - 1];
     for (int i = 0; i < n; i++) {
         const lnf_array *m = arrays[i];
-        if (m != NULL
-            && (m->dtype != x->dtype || m->inner != x->inner || m->nd < 1
-                || m->stride[m->nd - 1] != isz || m->shape[m->nd - 1] != P))
+        if (m != NULL && (i < nin ? !lnf_tile_like(m, x) : m->dtype != x->dtype))
             return 0;
     }
+    ptrdiff_t P = x->shape[x->nd - 1];
     return P > 1 ? P : 0;
 }
 
@@ -105,9 +114,10 @@ static inline int lnf_tile_streamed(const lnf_array *out, ptrdiff_t run, ptrdiff
 }
 
 /* Tiles shorter than LNF_TILE rows (at the end of a run of adjacent rows),
- * or with rows to leave out, run on copies: the columns of n rows of isz
- * bytes, `inner` bytes apart, copied into a full tile of LNF_TILE isz
- * bytes per column (the other lanes zero), and back. */
+ * with rows to leave out, or with an output not in x's layout, run on
+ * copies: the columns of n rows of isz bytes, `inner` bytes apart, copied
+ * into a full tile of LNF_TILE isz bytes per column (the other lanes
+ * zero), and back. */
 static inline void lnf_tile_gather(const char *src, ptrdiff_t inner, char *dst, ptrdiff_t n,
                                    ptrdiff_t isz, ptrdiff_t D)
 {
@@ -123,6 +133,31 @@ static inline void lnf_tile_scatter(const char *src, char *dst, ptrdiff_t inner,
 {
     for (ptrdiff_t i = 0; i < D; i++)
         memcpy(dst + i * inner, src + i * LNF_TILE * isz, (size_t)(n * isz));
+}
+
+/* A copied tile's n lanes stored to rows r..r+n-1 of out: column by column
+ * where out has x's tile layout (`like`), else lane j's D values to out's
+ * own row r + j, out->inner bytes apart, since its rows need not be
+ * adjacent. */
+static inline void lnf_tile_scatter_to(const char *src, const lnf_array *out, int like,
+                                       ptrdiff_t r, ptrdiff_t n, ptrdiff_t isz, ptrdiff_t D)
+{
+    if (like) {
+        lnf_tile_scatter(src, lnf_row(out, r), out->inner, n, isz, D);
+        return;
+    }
+    for (ptrdiff_t j = 0; j < n; j++) {
+        char *p = lnf_row(out, r + j);
+        const char *s = src + j * isz;
+        for (ptrdiff_t i = 0; i < D; i++, p += out->inner, s += LNF_TILE * isz) {
+            if (isz == 4)       /* (sizes the compiler sees: one move each) */
+                memcpy(p, s, 4);
+            else if (isz == 2)
+                memcpy(p, s, 2);
+            else
+                memcpy(p, s, 8);
+        }
+    }
 }
 
 /* Lane j of a copied tile set to zero. */

@@ -13,6 +13,7 @@ typedef struct lnf_fwd {
     const lnf_kernels *kn;      /* the compute type (gathered rows) */
     ptrdiff_t wp, bp;           /* the lengths of weight and bias (bp: wp for RMSNorm) */
     ptrdiff_t run;              /* rows far apart: adjacent rows per run (lnf_tile_run), or 0 */
+    int y_like, z_like;         /* tiles: y, z (or none) in x's layout (lnf_tile_like) */
     int direct;                 /* all rows contiguous, in x's dtype */
     int stream;                 /* y written with streaming stores */
     int nthreads;
@@ -58,7 +59,7 @@ int lnf_forward(const lnf_forward_args *a)
 {
     int f64 = a->weight.dtype == LNF_FLOAT64;
     lnf_fwd f = {a, NULL, NULL, a->weight_len, a->centered ? a->bias_len : a->weight_len,
-                 0, 0, 0, 1};
+                 0, 0, 0, 0, 0, 1};
     if (a->D < 1 || a->M < 0)
         return LNF_EINVAL;
     if (a->M == 0)
@@ -70,15 +71,19 @@ int lnf_forward(const lnf_forward_args *a)
         || !param_length_ok(&a->weight, f.wp, a->D)
         || (a->centered && !param_length_ok(&a->bias, f.bp, a->D)))
         return LNF_EINVAL;
-    const lnf_array *rows[4] = {&a->x, &a->y, a->has_residual ? &a->residual : NULL,
+    const lnf_array *rows[4] = {&a->x, a->has_residual ? &a->residual : NULL, &a->y,
                                 a->has_residual ? &a->z : NULL};
     f.kx = lnf_kernels_for(a->x.dtype);
     f.kn = lnf_kernels_for(f64 ? LNF_FLOAT64 : LNF_FLOAT32);
+    /* Direct and gathered rows give the same bits; tiles or rows follow
+     * the inputs (x, residual) alone, so that out= never changes a bit. */
     f.direct = lnf_all_direct(rows, 4);
-    f.run = f.direct ? 0 : lnf_tile_run(rows, 4, a->D);
+    f.run = f.direct ? 0 : lnf_tile_run(rows, 2, 4, a->D);
+    f.y_like = lnf_tile_like(&a->y, &a->x);
+    f.z_like = !a->has_residual || lnf_tile_like(&a->z, &a->x);
     f.stream = f.direct ? lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
                                        a->M * a->D * lnf_itemsize(a->y.dtype))
-                        : f.run && lnf_tile_streamed(&a->y, f.run, a->M, a->D);
+                        : f.run && f.y_like && lnf_tile_streamed(&a->y, f.run, a->M, a->D);
     f.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, a->M));
     int wide = !lnf_native(&a->weight) || (a->centered && !lnf_native(&a->bias));
     lnf_scratches s;

@@ -272,10 +272,11 @@ static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const vo
 
 /* Rows r0..r1-1 far apart whose neighbours are adjacent, by tiles of
  * LNF_TILE rows; a run of f->run adjacent rows ends in a shorter tile,
- * which runs on copies (lnf_tile_gather).  The map reads the values the
- * sums kept (xs).  The rows that row_stats turns down are gathered into
- * the thread's rows before the tile is mapped (y may be x), redone by
- * row_exact and stored after. */
+ * which runs on copies (lnf_tile_gather), as every tile does where y or z
+ * is not in x's layout (then stored to its own rows, lnf_tile_scatter_to).
+ * The map reads the values the sums kept (xs).  The rows that row_stats
+ * turns down are gathered into the thread's rows before the tile is mapped
+ * (y may be x), redone by row_exact and stored after. */
 static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
                              REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
 {
@@ -284,7 +285,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
     const lnf_row_ops *ops = f->kx->ops;
     const lnf_array *in = a->has_residual ? &a->z : &a->x;
     ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
-    int c = a->centered, res = a->has_residual;
+    int c = a->centered, res = a->has_residual, whole = f->y_like && f->z_like;
     REAL *slots = sc->rows, *ybuf = slots + T * D;
     REAL *xs = ybuf + D;                    /* the values summed, kept for the map */
     char *stage = (char *)(xs + T * D);     /* x, residual, z, y of a short tile */
@@ -296,7 +297,8 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
         const char *px = lnf_row(&a->x, r), *pr = res ? lnf_row(&a->residual, r) : NULL;
         char *pz = res ? lnf_row(&a->z, r) : NULL, *py = lnf_row(&a->y, r);
         n = LNF_MIN(LNF_MIN((ptrdiff_t)T, f->run - r % f->run), r1 - r);
-        if (n < T) {
+        int copy = n < T || !whole;
+        if (copy) {
             lnf_tile_gather(px, inner, stage, n, isz, D);
             if (res)
                 lnf_tile_gather(pr, inner, stage + tb, n, isz, D);
@@ -305,8 +307,8 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             inner = T * isz;
         }
         ops->tile_sums(px, pr, pz, inner, c, NULL, s, D, xs);
-        if (res && n < T)       /* (z in place before its rare rows are read) */
-            lnf_tile_scatter(pz, lnf_row(&a->z, r), a->x.inner, n, isz, D);
+        if (res && copy)        /* (z in place before its rare rows are read) */
+            lnf_tile_scatter_to(pz, &a->z, f->z_like, r, n, isz, D);
         F(resum_far_tile)(f, ops, res ? pz : px, inner, s, n);
         for (ptrdiff_t j = 0; j < n; j++) {
             double sj[3] = {s[j], s[T + j], s[2 * T + j]};
@@ -319,9 +321,9 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
                 lnf_load_row(in, r + j, D, slots + j * D, sizeof(REAL));
             }
         }
-        ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && n == T);
-        if (n < T)
-            lnf_tile_scatter(py, lnf_row(&a->y, r), a->x.inner, n, isz, D);
+        ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && !copy);
+        if (copy)
+            lnf_tile_scatter_to(py, &a->y, f->y_like, r, n, isz, D);
         if (nhard > 0 && f->stream)     /* (the streamed lines before the rare rows) */
             lnf_stream_fence();
         for (ptrdiff_t j = 0; j < n && nhard > 0; j++) {

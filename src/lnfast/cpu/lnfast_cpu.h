@@ -55,9 +55,10 @@ int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_
  * be the inputs (y may be x: each row is read before it is written).
  * Rows of float32 arithmetic may mix float32 and 16-bit arrays, of any
  * aligned strides (rows not contiguous in x's dtype are gathered); float64
- * arithmetic takes float64 arrays.  Arguments that do not fit (dtypes, row
- * counts, misaligned data, a strided float32/float64 vector, a 16-bit
- * stand-in) give LNF_EINVAL. */
+ * arithmetic takes float64 arrays.  The inputs' layout chooses the kernel
+ * (docs/design.md); that of the outputs, given x's dtype, changes no bit.
+ * Arguments that do not fit (dtypes, row counts, misaligned data, a
+ * strided float32/float64 vector, a 16-bit stand-in) give LNF_EINVAL. */
 typedef struct lnf_forward_args {
     lnf_array x, residual, z, y, weight, bias;
     ptrdiff_t weight_len, bias_len;
@@ -78,7 +79,8 @@ int lnf_forward(const lnf_forward_args *a);
  * call's bytes; lnfast's Dask backend adds those of its blocks).  mean
  * (unread unless centered) and rstd: M contiguous
  * values of the compute type, as the forward pass stored them.  weight as
- * in lnf_forward (weight_len D). */
+ * in lnf_forward (weight_len D); dx's layout, as y's there, changes no
+ * bit. */
 typedef struct lnf_backward_args {
     lnf_array x, dy, dz, dx, weight;
     const void *mean, *rstd;
