@@ -2,6 +2,9 @@
 computed over the same axes moved last (reference.py), the SPEC's shape and
 bad-input rules, out= and views, and the tile kernels of channels-first
 rows (thread counts, hard rows, short tiles)."""
+import math
+import tracemalloc
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -287,6 +290,74 @@ def test_empty_rows_over_axes():
     assert y.shape == x.shape and mean.shape == (0, 3)
     dx, dw, db = lnfast.layer_norm_backward(x, x, mean, rstd, axis=1)
     assert dw.shape == (6,) and not dw.any() and not db.any()
+
+
+# --- axes that do not merge: gathered a block of rows at a time -----------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axis", [((6, 5, 7, 9), (1, 3)), ((4, 3, 5, 2, 6), (0, 2, 4))])
+def test_unmerged_axes_by_blocks(rng, monkeypatch, dtype, shape, axis):
+    # many small blocks give the rows' bits of one block, gradients that
+    # match the reference, and the same bits on any thread count
+    from lnfast import _axes
+    ax = norm_axes(axis, len(shape))
+    x, _, _, dy = data(rng, shape, dtype, ax)
+    wdt = np.float64 if dtype == np.float64 else np.float32
+    norm = tuple(shape[k] for k in ax)
+    w, b = rng.standard_normal(norm).astype(wdt), rng.standard_normal(norm).astype(wdt)
+    r = (rng.standard_normal(shape) * 2).astype(dtype)
+
+    def run():
+        y, mean, rstd = lnfast.layer_norm_forward(x, w, b, axis=axis)
+        grads = lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+        fused = lnfast.add_layer_norm_forward(x, r, w, b, axis=axis)
+        rms = lnfast.rms_norm_forward(x, w, axis=axis)
+        return (y, mean, rstd, *grads, *fused, *rms,
+                *lnfast.rms_norm_backward(dy, x, rms[1], w, axis=axis))
+
+    whole = run()
+    monkeypatch.setattr(_axes, "GATHER_BYTES", 3 * x.dtype.itemsize * math.prod(norm))
+    blocks = run()
+    for k in (0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12):       # rows: the same bits
+        np.testing.assert_array_equal(blocks[k], whole[k])
+    for k in (4, 5, 13):                                 # dweight, dbias: summed by blocks
+        assert blocks[k].dtype == whole[k].dtype and blocks[k].shape == norm
+        np.testing.assert_allclose(np.asarray(blocks[k], np.float64),
+                                   np.asarray(whole[k], np.float64), rtol=BWD_TOL[dtype],
+                                   atol=BWD_TOL[dtype])
+    _, m64, r64 = ref.layer_norm_forward(moved(x, ax))
+    want = ref.layer_norm_backward(moved(dy, ax), moved(x, ax), m64, r64, w.reshape(-1))
+    assert err(blocks[4].reshape(-1), want[1]) <= BWD_TOL[dtype]
+    assert err(blocks[5].reshape(-1), want[2]) <= BWD_TOL[dtype]
+    for threads in (1, 3):
+        lnfast.set_num_threads(threads)
+        try:
+            again = run()
+        finally:
+            lnfast.set_num_threads(None)
+        for got, first in zip(again, blocks):
+            np.testing.assert_array_equal(got, first)
+
+
+def test_unmerged_axes_make_no_copy_of_x():
+    # SPEC "Axes": no transposed copy of x.  Peak traced memory: the
+    # forward's y and the backward's dx, and the blocks (a copy of x, of
+    # dy or of the results' rows would each add 64 MiB)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 16, 128, 128), dtype=np.float32)
+    dy = rng.standard_normal(x.shape, dtype=np.float32)
+    tracemalloc.start()
+    try:
+        y, mean, rstd = lnfast.layer_norm_forward(x, axis=(1, 3))
+        fwd = tracemalloc.get_traced_memory()[1] - y.nbytes
+        del y
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd, axis=(1, 3))
+        bwd = tracemalloc.get_traced_memory()[1] - before - dx.nbytes
+    finally:
+        tracemalloc.stop()
+    assert fwd <= 40 << 20 and bwd <= 40 << 20, (fwd >> 20, bwd >> 20)
 
 
 def test_against_torch_float64_autograd(rng):

@@ -27,7 +27,7 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
 
-from lnfast import _axes, _checks, _cpu, _threads
+from lnfast import _axes, _checks, _threads
 from lnfast._dispatch import backend
 
 # lnfast._axes hands `axis` to this backend rather than moving axes itself.
@@ -126,21 +126,6 @@ def _sum_in_order(parts):
     for p in parts[1:]:
         total += p
     return total
-
-
-def _rounded(total, dtype):
-    """float64 sums rounded once to `dtype` (16-bit: as the kernels round)."""
-    gpu = _checks.is_cupy(total)
-    host = total.get() if gpu else total
-    if dtype in _checks.HALF_DTYPES:
-        bits = _cpu.round_to_16bit(np.ascontiguousarray(host), dtype != np.float16)
-        out = bits.view(dtype)
-    else:
-        out = host.astype(dtype)
-    if not gpu:
-        return out
-    with total.device:
-        return _cupy().asarray(out)
 
 
 def _cupy():
@@ -255,7 +240,7 @@ def _reduced(tmp, token, norm, grads, meta, centered):
             dsk[(f"{name}-tree", depth, j)] = (_sum_in_order, group)
             level.append((f"{name}-tree", depth, j))
     rows = 2 if centered else 1
-    dsk[(name,) + (0,) * (1 + len(norm))] = (_rounded, level[0], grads)
+    dsk[(name,) + (0,) * (1 + len(norm))] = (_axes.rounded, level[0], grads)
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[tmp])
     both = da.Array(graph, name, chunks=((rows,),) + tuple((n,) for n in norm),
                     meta=meta_from_array(meta, 1 + len(norm), grads))
