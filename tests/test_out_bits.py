@@ -245,3 +245,24 @@ def test_blocked_rows_whatever_dx_is(rng, blocks_of_64, dtype):
                 got = kernel_backward(dy, x, None, *stats, w, dx, centered, n)
                 check_same(dx, want_dx, f"dx {name}, {n} threads")
                 check_same(got, want, f"dweight/dbias ({name} dx), {n} threads")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["fortran", "channels-first"])
+def test_rows_redone_in_float64_with_outputs_of_another_layout(dtype, kind):
+    # rows whose squares would underflow are redone from a copy of the row
+    # (tiles whose outputs are not in x's layout take x's rows as they lie)
+    rng = np.random.default_rng(7)
+    x, axis = make_x(rng, kind, dtype)
+    rows = np.moveaxis(x, axis, -1)
+    tiny = 1e-20 if dtype == np.float32 else 1e-160
+    rows[(1,) * (x.ndim - 1)] = tiny * rng.standard_normal(rows.shape[-1])
+    ref = rows.astype(np.float64)
+    ref[(1,) * (x.ndim - 1)] *= 2.0 ** (70 if dtype == np.float32 else 530)  # (exactly: no subnormal squares)
+    mean = ref.mean(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):     # (the constant row: NaN)
+        want = (ref - mean) / np.sqrt(((ref - mean) ** 2).mean(-1, keepdims=True))
+    for y in (lnfast.layer_norm(x, eps=0.0, axis=axis),
+              lnfast.add_layer_norm_forward(x, np.zeros_like(x), eps=0.0, axis=axis)[0]):
+        got = np.moveaxis(y, axis, -1).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 if dtype == np.float32 else 1e-12)

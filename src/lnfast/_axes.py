@@ -75,12 +75,23 @@ def _blocks(L, itemsize):
         inner *= lead[k - 1]
         k -= 1
     if k == 0:
-        yield ()
+        yield (Ellipsis,)       # (all of it; a 0-d mean stays an array)
         return
     step = max(1, target // inner)
     for outer in np.ndindex(*lead[:k - 1]):
         for i in range(0, lead[k - 1], step):
             yield outer + (slice(i, min(i + step, lead[k - 1])),)
+
+
+def _shares(a, others):
+    """Whether array a may share memory with any of `others` (None: absent)."""
+    if _checks.is_cupy(a):
+        import cupy
+
+        share = cupy.may_share_memory
+    else:
+        share = np.may_share_memory
+    return any(o is not None and share(a, o) for o in others)
 
 
 def _gathered(L, a, idx):
@@ -150,6 +161,11 @@ def forward(kernels, x, residual, weight, bias, eps, out, centered, stats, axis)
     y = out if direct else kernels.empty(x.shape, x.dtype)
     z = kernels.empty(x.shape, x.dtype) if residual is not None else None
     if not L.merges(x) and x.size > 0:
+        # (a block written into out must not change what later blocks read:
+        # out may be x itself, whose blocks are each read before written)
+        if direct and _shares(out, (residual, weight, bias) + (() if out is x else (x,))):
+            y = kernels.empty(x.shape, x.dtype)
+            direct = False
         mean, rstd = _forward_blocks(kernels, L, x, residual, weight, bias, eps, y, z,
                                      centered, stats)
         if out is not None and not direct:

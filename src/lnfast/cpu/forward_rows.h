@@ -316,9 +316,12 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             hard[j] = !F(row_stats)(sj, D, a->eps, c, kj);
             for (int q = 0; q < 3; q++)
                 k[q * T + j] = hard[j] ? 0 : kj[q];
-            if (hard[j]) {
+            if (hard[j]) {      /* (copied: the map may overwrite it, y being x) */
+                REAL *slot = slots + j * D;
+                const void *row = lnf_load_row(in, r + j, D, slot, sizeof(REAL));
+                if (row != slot)
+                    memcpy(slot, row, (size_t)D * sizeof(REAL));
                 nhard++;
-                lnf_load_row(in, r + j, D, slots + j * D, sizeof(REAL));
             }
         }
         ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && !copy);
