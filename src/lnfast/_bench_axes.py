@@ -7,13 +7,16 @@ LayerNorm(data_format="channels_first") does) or permute the channels last,
 copy, run F.layer_norm and permute back into a C-ordered result.  Trailing
 axes, such as (-2, -1), take F.layer_norm's normalized_shape.  Forward moves
 x in and y out (2 x.nbytes); backward reads x and dy and writes dx (3).
+Each shape is timed in rounds (`--rounds`, default 3), every round timing
+the copy and each case in turn, as the other groups do; a case's time, and
+the copy's, is the median of its rounds'.
 """
 import sys
 
 import numpy as np
 
 import lnfast
-from lnfast._bench import DTYPES, EPS, _copy_gbs, _median_seconds, _to_torch
+from lnfast._bench import DTYPES, EPS, _copy, _gbs, _median_seconds, _to_torch
 
 CASES = [((32, 96, 56, 56), (1,)), ((32, 768, 7, 7), (1,)), ((8, 16, 64, 1024), (2, 3))]
 
@@ -57,6 +60,8 @@ def _torch_ways(torch, x, w, b, ax):
 def run(args, torch, threads):
     repeat = args.repeat or (5 if args.quick else 15)
     budget = 0.5 if args.quick else 1.5
+    rounds = args.rounds or (1 if args.quick else 3)
+    per_round = max(3, -(-repeat // rounds))
     dtypes = [d for d in args.dtypes if d in ("float32", "bfloat16")] or ["float32"]
     rng = np.random.default_rng(0)
     rows = []
@@ -70,8 +75,8 @@ def run(args, torch, threads):
             b = (0.1 * rng.standard_normal(norm)).astype(dt)
             dy = rng.standard_normal(shape).astype(dt)
             _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=EPS, axis=ax)
-            copy = _copy_gbs(x, 2, threads, repeat, budget)
-            times = {("forward", "lnfast"): lambda: lnfast.layer_norm(x, w, b, eps=EPS, axis=ax),
+            copy_fn, copy_bytes = _copy(x, 2, threads)
+            cases = {("forward", "lnfast"): lambda: lnfast.layer_norm(x, w, b, eps=EPS, axis=ax),
                      ("backward", "lnfast"):
                          lambda: lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=ax)}
             if torch is not None:
@@ -79,10 +84,15 @@ def run(args, torch, threads):
                 tw.requires_grad_(True)
                 tb.requires_grad_(True)
                 for way, (fwd, bwd) in _torch_ways(torch, tx, tw, tb, ax).items():
-                    times[("forward", way)] = lambda fwd=fwd: torch.no_grad()(fwd)()
-                    times[("backward", way)] = bwd()
-            for (direction, impl), fn in times.items():
-                sec = _median_seconds(fn, repeat, budget)
+                    cases[("forward", way)] = lambda fwd=fwd: torch.no_grad()(fwd)()
+                    cases[("backward", way)] = bwd()
+            times = {key: [] for key in ["copy", *cases]}
+            for _ in range(rounds):     # (a noisy spell of a shared machine touches every case)
+                for key, fn in [("copy", copy_fn), *cases.items()]:
+                    times[key].append(_median_seconds(fn, per_round, budget / rounds))
+            copy = _gbs(copy_bytes, float(np.median(times["copy"])))
+            for direction, impl in cases:
+                sec = float(np.median(times[(direction, impl)]))
                 traffic = (2 if direction == "forward" else 3) * x.nbytes
                 rows.append({"shape": "x".join(map(str, shape)), "axis": ax, "dtype": dname,
                              "direction": direction, "impl": impl, "ms": sec * 1e3,
