@@ -419,6 +419,17 @@ def test_replace_norms_on_a_transformer_block(gen):
     assert model.ln2.weight.grad is not None and model.ln2.weight.grad.abs().sum() > 0
 
 
+def test_meta_tensors_give_meta_results_of_the_right_shape():
+    x = torch.randn(4, 3, 8, device="meta", requires_grad=True)
+    for m in (lt.LayerNorm((3, 8), device="meta"), lt.RMSNorm(8, device="meta")):
+        y = m(x)
+        assert y.device.type == "meta" and y.shape == x.shape and y.dtype == x.dtype
+        grads = torch.autograd.grad(y.sum(), (x, m.weight))
+        assert [g.shape for g in grads] == [x.shape, m.weight.shape]
+    y, z = lt.add_layer_norm(x.detach(), x.detach(), 8)
+    assert y.device.type == z.device.type == "meta" and z.shape == x.shape
+
+
 def test_replace_norms_keeps_the_modules_themselves():
     ln = torch.nn.LayerNorm(8)
     calls = []

@@ -354,15 +354,16 @@ _norm_apply = super(torch.autograd.Function, _Norm).apply
 
 
 def _apply(x, residual, weight, bias, k, eps, centered):
-    """(y, z) through the operator while torch.compile traces or where the
-    C++ kernels serve x, else through _Norm where a gradient may be asked
-    for, else straight."""
+    """(y, z) through the operator while torch.compile traces, where the
+    C++ kernels serve x, and for meta tensors (its fake kernel gives the
+    shapes), else through _Norm where a gradient may be asked for, else
+    straight."""
     if _forward_ad._current_level >= 0 and any(
             t is not None and _forward_ad.unpack_dual(t).tangent is not None
             for t in (x, residual, weight, bias)):
         raise NotImplementedError("lnfast.torch computes no forward-mode derivative (jvp): "
                                   "its inputs must not be dual tensors")
-    if torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu):
+    if torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu) or x.is_meta:
         y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
         return y, None if residual is None else z
     if torch.is_grad_enabled() and (
@@ -425,8 +426,8 @@ def _normalized(x, normalized_shape, params):
     dtype, cuda = x.dtype, x.is_cuda
     if dtype not in _DTYPES:
         raise _TypeError(f"input must be float32, float64, float16 or bfloat16, got {dtype}")
-    if not (cuda or x.is_cpu):
-        raise _TypeError(f"input must be on the CPU or a CUDA device, got {x.device}")
+    if not (cuda or x.is_cpu or x.is_meta):
+        raise _TypeError(f"input must be on the CPU or a CUDA device (or meta), got {x.device}")
     for name, p in params:
         if p is None:
             continue
