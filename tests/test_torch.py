@@ -1,5 +1,6 @@
 """lnfast.torch (SPEC "Frameworks and engines", PyTorch): torch.nn.functional's
 and torch.nn's behaviour, autograd, the custom operators and torch.compile."""
+import io
 import subprocess
 import sys
 
@@ -417,6 +418,27 @@ def test_replace_norms_on_a_transformer_block(gen):
     assert {id(model.ln1.weight), id(model.ln2.bias), id(model.out.weight)} <= held
     model(x).square().mean().backward()
     assert model.ln2.weight.grad is not None and model.ln2.weight.grad.abs().sum() > 0
+
+
+def test_modules_script_with_torch_jit(gen):
+    # (a scripted model keeps working after replace_norms; saved and loaded
+    # back it needs lnfast.torch imported, as any custom operator does)
+    for m in (lt.LayerNorm((3, 8)), lt.LayerNorm(8, bias=False),
+              lt.LayerNorm(8, elementwise_affine=False), lt.RMSNorm(8), lt.RMSNorm(8, eps=1e-3)):
+        x = randn(gen, 4, 3, 8, dtype=torch.float32, grad=True)
+        scripted = torch.jit.script(m)
+        params = (x, *m.parameters())
+        want, got = m(x), scripted(x)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for a, b in zip(torch.autograd.grad(got.sum(), params),
+                        torch.autograd.grad(want.sum(), params)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        buf = io.BytesIO()
+        torch.jit.save(scripted, buf)
+        buf.seek(0)
+        torch.testing.assert_close(torch.jit.load(buf)(x), want, rtol=0, atol=0)
+        with pytest.raises(torch.jit.Error, match="ValueError: normalized_shape"):
+            scripted(randn(gen, 4, 9, dtype=torch.float32))
 
 
 def test_meta_tensors_give_meta_results_of_the_right_shape():

@@ -30,7 +30,7 @@ import sys
 import sysconfig
 import warnings
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import ml_dtypes
 import numpy as np
@@ -592,6 +592,16 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sh
 
 # --- modules -------------------------------------------------------------------
 
+def _scripted_shape_check(input: torch.Tensor, normalized_shape: List[int]) -> None:
+    """TorchScript's check that normalized_shape is input's last axes (the
+    modules' forward calls the operator itself when scripted: TorchScript
+    compiles no more of lnfast.torch)."""
+    k = len(normalized_shape)
+    if input.dim() < k or input.shape[input.dim() - k:] != normalized_shape:
+        raise ValueError("normalized_shape=" + str(normalized_shape) + " must be the last "
+                         "axes of input, got input of shape " + str(input.shape))
+
+
 class LayerNorm(torch.nn.LayerNorm):
     """`torch.nn.LayerNorm` computed by lnfast: the same constructor
     arguments, parameters, ``state_dict`` keys and ``isinstance`` answers.
@@ -605,6 +615,10 @@ class LayerNorm(torch.nn.LayerNorm):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            _scripted_shape_check(input, list(self.normalized_shape))
+            return torch.ops.lnfast.norm(input, None, self.weight, self.bias,
+                                         len(self.normalized_shape), self.eps, True)[0]
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
@@ -621,6 +635,13 @@ class RMSNorm(torch.nn.RMSNorm):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            _scripted_shape_check(input, list(self.normalized_shape))
+            eps = self.eps
+            if eps is None:         # (_default_rms_eps)
+                eps = 2.220446049250313e-16 if input.dtype == torch.float64 else 1.1920928955078125e-07
+            return torch.ops.lnfast.norm(input, None, self.weight, None,
+                                         len(self.normalized_shape), eps, False)[0]
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
