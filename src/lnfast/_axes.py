@@ -226,7 +226,6 @@ def _backward_blocks(kernels, L, dy, x, mean, rstd, weight, dz, centered, x_name
             total[0] += dw
             total[1] += db
     if not partials:
-        dtype = weight.dtype if weight is not None else (
-            np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32))
+        dtype = _checks.compute_dtype(x.dtype) if weight is None else weight.dtype
         total = [rounded(t, dtype) for t in total]
     return dx, total[0].reshape(L.norm), total[1].reshape(L.norm)
