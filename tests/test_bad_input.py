@@ -169,3 +169,32 @@ def test_backward_weight_bad(args):
 def test_keyword_only_eps_and_out(args):
     with pytest.raises(TypeError):
         lnfast.layer_norm(args["x"], None, None, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stats_of_a_1d_x_as_np_mean_returns_them(dtype):
+    """SPEC "Axes": mean and rstd are what np.mean(x, axis=axis) returns,
+    for a 1-D x a NumPy scalar; the backward passes take it as the 0-d
+    array the forward returns.  A Python float stays a TypeError."""
+    x = np.array([1.0, 2.0, 4.0, -3.0, 0.5], dtype)
+    dy = np.array([0.5, -1.0, 2.0, 1.0, 0.25], dtype)
+    y, mean, rstd = lnfast.layer_norm_forward(x)
+    m, r = mean[()], rstd[()]
+    assert isinstance(m, np.generic) and isinstance(r, np.generic)
+    for got, want in zip(lnfast.layer_norm_backward(dy, x, m, r),
+                         lnfast.layer_norm_backward(dy, x, mean, rstd)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    _, z, zmean, zrstd = lnfast.add_layer_norm_forward(x, dy)
+    for got, want in zip(lnfast.add_layer_norm_backward(dy, z, zmean[()], zrstd[()], dz=x),
+                         lnfast.add_layer_norm_backward(dy, z, zmean, zrstd, dz=x)):
+        assert np.array_equal(got, want)
+    _, rms = lnfast.rms_norm_forward(x)
+    for got, want in zip(lnfast.rms_norm_backward(dy, x, rms[()]),
+                         lnfast.rms_norm_backward(dy, x, rms)):
+        assert np.array_equal(got, want)
+    # np.mean's own scalar works too
+    ref = x.astype(np.float64)
+    dx = lnfast.layer_norm_backward(dy, x, np.mean(x), dtype(1 / np.sqrt(ref.var() + 1e-5)))[0]
+    assert np.all(np.isfinite(dx))
+    raises(TypeError, "mean", lnfast.layer_norm_backward, dy, x, float(m), rstd)
+    raises(TypeError, "rstd", lnfast.rms_norm_backward, dy, x, float(r))

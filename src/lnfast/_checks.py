@@ -120,6 +120,13 @@ def param(name, p, shape, dtype, kind=array):
     return p
 
 
+def scalar_stat(s):
+    """mean or rstd as np.mean returns them for a 1-D x: a NumPy scalar,
+    taken as the 0-d array it stands for (SPEC "Axes").  Python numbers
+    stay a TypeError (stats)."""
+    return np.asarray(s) if isinstance(s, np.generic) else s
+
+
 def stats(name, s, shape):
     """mean or rstd as returned by a forward pass: float, x's shape without
     the normalized axes."""

@@ -138,6 +138,7 @@ def layer_norm_backward(dy: A, x: A, mean: A, rstd: A, weight: Optional[A] = Non
     >>> dbias
     array([2., 2., 2., 2.])
     """
+    mean, rstd = _checks.scalar_stat(mean), _checks.scalar_stat(rstd)
     kernels = backend("x dy mean rstd weight", x, dy, mean, rstd, weight)
     if not _last(axis):
         return _axes.backward(kernels, dy, x, mean, rstd, weight, None, True, "x", axis)
@@ -226,6 +227,7 @@ def add_layer_norm_backward(dy: A, z: A, mean: A, rstd: A, weight: Optional[A] =
     >>> dsum
     array([[1., 1., 1., 1.]])
     """
+    mean, rstd = _checks.scalar_stat(mean), _checks.scalar_stat(rstd)
     kernels = backend("z dy mean rstd weight dz", z, dy, mean, rstd, weight, dz)
     if not _last(axis):
         return _axes.backward(kernels, dy, z, mean, rstd, weight, dz, True, "z", axis)

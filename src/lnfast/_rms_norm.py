@@ -1,7 +1,7 @@
 """RMSNorm: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)."""
 from typing import Optional
 
-from lnfast import _axes
+from lnfast import _axes, _checks
 from lnfast._dispatch import backend
 from lnfast._doc import fill
 from lnfast._layer_norm import A, Axis, _last
@@ -106,6 +106,7 @@ def rms_norm_backward(dy: A, x: A, rstd: A, weight: Optional[A] = None, *,
     >>> dweight
     array([0.84852814, 1.13137085])
     """
+    rstd = _checks.scalar_stat(rstd)
     kernels = backend("x dy rstd weight", x, dy, rstd, weight)
     if not _last(axis):
         dx, dweight, _ = _axes.backward(kernels, dy, x, None, rstd, weight, None, False, "x",
