@@ -280,3 +280,25 @@ def test_handlers_are_built_once_and_a_missing_compiler_is_a_clear_import_error(
                        timeout=600, env=env)
     assert p.returncode != 0
     assert "ImportError: lnfast.jax could not run the C++ compiler" in p.stderr, p.stderr
+
+
+def test_float64_numpy_arguments_are_float32_without_x64(rng):
+    """With jax_enable_x64 off, JAX takes float64 NumPy arrays as float32
+    (jnp.asarray): so does lnfast.jax, for every argument, not only x."""
+    x = rng.standard_normal((6, 16)).astype(np.float32)
+    w, b, r = rng.standard_normal(16), rng.standard_normal(16), rng.standard_normal((6, 16))
+    with jax.enable_x64(False):
+        xj = jnp.asarray(x)
+        want = lj.layer_norm(xj, jnp.asarray(w), jnp.asarray(b))
+        for got in (lj.layer_norm(xj, w, b), jax.jit(lambda a: lj.layer_norm(a, w, b))(xj),
+                    lj.layer_norm(x.astype(np.float64), w, b)):
+            assert got.dtype == np.float32 and np.array_equal(got, want)
+        assert np.array_equal(lj.rms_norm(xj, w), lj.rms_norm(xj, jnp.asarray(w)))
+        y, z = lj.add_layer_norm(xj, r, w, b)
+        assert z.dtype == np.float32
+        assert np.array_equal(z, lj.add_layer_norm(xj, jnp.asarray(r), w, b)[1])
+        dw = jax.grad(lambda w: jnp.sum(lj.layer_norm(xj, w) ** 2))(w)
+        assert dw.dtype == np.float32
+    # with x64 on, a float64 weight beside float32 x stays a clear TypeError
+    with pytest.raises(TypeError, match="weight"):
+        lj.layer_norm(x, w)

@@ -66,6 +66,12 @@ def _array(name, a):
     return a
 
 
+def _canonical(a):
+    """A float64 NumPy array as JAX takes it (jnp.asarray): float32 with
+    jax_enable_x64 off, as for every jax.numpy function."""
+    return jnp.asarray(a) if isinstance(a, np.ndarray) and a.dtype == np.float64 else a
+
+
 def _eps(eps):
     """eps as lnfast checks it; a concrete JAX scalar is taken as its value,
     a traced one refused (eps is compiled into the call)."""
@@ -200,6 +206,7 @@ def _vectors(x, weight, bias, norm, centered):
 
 
 def _norm(x, weight, bias, eps, axis, centered):
+    x, weight, bias = _canonical(x), _canonical(weight), _canonical(bias)
     ax, norm, last = _plan(x, axis)
     eps = _eps(eps)
     w, b = _vectors(x, weight, bias, norm, centered)
@@ -306,6 +313,8 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: Optional[ArrayLike
     >>> np.asarray(z)
     array([[2., 3., 4., 5.]], dtype=float32)
     """
+    x, residual = _canonical(x), _canonical(residual)
+    weight, bias = _canonical(weight), _canonical(bias)
     ax, norm, last = _plan(x, axis)
     _checks.data("residual", residual, _array)
     if residual.dtype != x.dtype:
