@@ -3,6 +3,7 @@ and torch.nn's behaviour, autograd, the custom operators and torch.compile."""
 import io
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -450,6 +451,27 @@ def test_meta_tensors_give_meta_results_of_the_right_shape():
         assert [g.shape for g in grads] == [x.shape, m.weight.shape]
     y, z = lt.add_layer_norm(x.detach(), x.detach(), 8)
     assert y.device.type == z.device.type == "meta" and z.shape == x.shape
+
+
+def test_fake_tensors_and_torch_jit_trace(gen):
+    # (fake tensors, as torch.export and deferred initialisation use, and
+    # traced modules: through the operator, with the C++ or Python kernels)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.randn(4, 3, 8, requires_grad=True)
+        w = torch.randn(8, requires_grad=True)
+        y = lt.layer_norm(x, 8, w)
+        assert y.shape == x.shape and y.dtype == x.dtype
+        grads = torch.autograd.grad(y.sum(), (x, w))
+        assert [g.shape for g in grads] == [x.shape, w.shape]
+        y, z = lt.add_layer_norm(x, x, (3, 8))
+        assert z.shape == x.shape and lt.rms_norm(x, (8,), w).shape == x.shape
+    x = randn(gen, 4, 3, 8, dtype=torch.float32)
+    for m in (lt.LayerNorm(8), lt.RMSNorm((3, 8))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", torch.jit.TracerWarning)
+            traced = torch.jit.trace(m, (x,), check_trace=True)
+        torch.testing.assert_close(traced(2 * x), m(2 * x), rtol=0, atol=0)
 
 
 def test_replace_norms_keeps_the_modules_themselves():

@@ -351,19 +351,22 @@ class _Norm(torch.autograd.Function):
 
 
 _norm_apply = super(torch.autograd.Function, _Norm).apply
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _apply(x, residual, weight, bias, k, eps, centered):
-    """(y, z) through the operator while torch.compile traces, where the
-    C++ kernels serve x, and for meta tensors (its fake kernel gives the
-    shapes), else through _Norm where a gradient may be asked for, else
-    straight."""
+    """(y, z) through the operator while torch.compile or torch.jit.trace
+    traces, where the C++ kernels serve x, and for meta tensors and tensor
+    subclasses such as fake tensors (its fake kernel gives the shapes, and
+    its dispatch serves the subclass), else through _Norm where a gradient
+    may be asked for, else straight."""
     if _forward_ad._current_level >= 0 and any(
             t is not None and _forward_ad.unpack_dual(t).tangent is not None
             for t in (x, residual, weight, bias)):
         raise NotImplementedError("lnfast.torch computes no forward-mode derivative (jvp): "
                                   "its inputs must not be dual tensors")
-    if torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu) or x.is_meta:
+    if (torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu) or x.is_meta
+            or torch.jit.is_tracing() or type(x) not in _PLAIN):
         y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
         return y, None if residual is None else z
     if torch.is_grad_enabled() and (
@@ -398,7 +401,17 @@ def _size(n):
 def _normalized(x, normalized_shape, params):
     """k, the number of trailing axes normalized, after the checks that
     torch.nn.functional makes (shapes) and those of lnfast (dtypes,
-    devices)."""
+    devices).  Under torch.jit.trace sizes are traced values, and the
+    checks' answers constants of the trace, as normalized_shape is: not
+    worth a TracerWarning each."""
+    if not torch.jit.is_tracing():
+        return _checked(x, normalized_shape, params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return _checked(x, normalized_shape, params)
+
+
+def _checked(x, normalized_shape, params):
     if not isinstance(x, torch.Tensor):
         raise _TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
     _strided("input", x)
