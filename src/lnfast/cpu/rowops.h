@@ -249,17 +249,8 @@ LNF_ATTR LNF_INLINE void map1(const LNF_S *x, LNF_S *y, const LNF_T *w, const LN
                             : LNF_GET(x, j) * rs * w[j]);
 }
 
-/* Element j of the row to sum: xn[j], or z = xn[j] + rn[j] as stored to zn
- * (rn not NULL: the fused residual add; the sums see z as stored). */
-LNF_ATTR LNF_INLINE LNF_T next1(const LNF_S *xn, const LNF_S *rn, LNF_S *zn, ptrdiff_t j)
-{
-    if (rn == NULL)
-        return LNF_GET(xn, j);
-    LNF_PUT(zn, j, LNF_GET(xn, j) + LNF_GET(rn, j));
-    return LNF_GET(zn, j);
-}
-
-/* Element j of the row to sum as next1 returns it, z not stored. */
+/* Element j of the row to sum: xn[j], or z = xn[j] + rn[j] as stored (rn
+ * not NULL: the fused residual add; the sums see z as stored). */
 LNF_ATTR LNF_INLINE LNF_T value1(const LNF_S *xn, const LNF_S *rn, ptrdiff_t j)
 {
     if (rn == NULL)
@@ -267,6 +258,15 @@ LNF_ATTR LNF_INLINE LNF_T value1(const LNF_S *xn, const LNF_S *rn, ptrdiff_t j)
     LNF_S z[1];
     LNF_PUT(z, 0, LNF_GET(xn, j) + LNF_GET(rn, j));
     return LNF_GET(z, 0);
+}
+
+/* value1, z stored to zn. */
+LNF_ATTR LNF_INLINE LNF_T next1(const LNF_S *xn, const LNF_S *rn, LNF_S *zn, ptrdiff_t j)
+{
+    LNF_T v = value1(xn, rn, j);
+    if (rn != NULL)
+        LNF_PUT(zn, j, v);
+    return v;
 }
 
 /* sum / k, by a multiplication where k is LNF_SHIFT_TERMS (a power of two:

@@ -183,20 +183,7 @@ LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
     tv_store(p, t);
 }
 
-/* Column i of the rows to sum: x, or z = x + r stored to z and read as
- * stored (next1). */
-LNF_ATTR LNF_INLINE tile_v tile_in(const void *x, const void *r, void *z, ptrdiff_t inner,
-                                   ptrdiff_t i)
-{
-    tile_v e = tv_load(TCOL(x, i));
-    if (r == NULL)
-        return e;
-    TILE_PREFETCH(TCOL(r, i));
-    tv_store(TCOL(z, i), TV_ADD(e, tv_load(TCOL(r, i))));
-    return LNF_STORAGE16 ? tv_load(TCOL(z, i)) : TV_ADD(e, tv_load(TCOL(r, i)));
-}
-
-/* Column i as tile_in reads it, z not stored. */
+/* Column i of the rows to sum: x, or z = x + r as stored (value1). */
 LNF_ATTR LNF_INLINE tile_v tile_value(const void *x, const void *r, ptrdiff_t inner, ptrdiff_t i)
 {
     tile_v e = tv_load(TCOL(x, i));
@@ -208,6 +195,18 @@ LNF_ATTR LNF_INLINE tile_v tile_value(const void *x, const void *r, ptrdiff_t in
         tv_store(z, e);
         e = tv_load(z);
     }
+    return e;
+}
+
+/* tile_value, z stored to its column (next1). */
+LNF_ATTR LNF_INLINE tile_v tile_in(const void *x, const void *r, void *z, ptrdiff_t inner,
+                                   ptrdiff_t i)
+{
+    if (r == NULL)
+        return tv_load(TCOL(x, i));
+    TILE_PREFETCH(TCOL(r, i));
+    tile_v e = tile_value(x, r, inner, i);
+    tv_store(TCOL(z, i), e);
     return e;
 }
 
