@@ -33,6 +33,8 @@ typedef struct lnf_bwd {
     int direct;                 /* all rows contiguous, in x's dtype */
     int stream;                 /* dx written with streaming stores */
     int blocked;                /* rows summed by column blocks (row_grad_sums) */
+    int shared;                 /* blocked direct rows, each row's blocks shared by the
+                                 * threads (backward_blocks) */
     int one_run;                /* one chunk of one float32 run */
     int nthreads;
 } lnf_bwd;
@@ -178,7 +180,7 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
     ptrdiff_t stride = partial_stride(a->D), nsums = 0;
     int in_place = nchunks == 1 && a->dwdb_dtype == LNF_FLOAT64
                    && ((uintptr_t)a->dwdb % 64 == 0 || a->M < LNF_IN_PLACE_MAX_ROWS);
-    if (b->blocked && b->direct)
+    if (b->shared)
         nsums = 6 * ((a->D + b->col_block - 1) / b->col_block) * b->nthreads;
     ptrdiff_t nruns = f32 ? stride * b->nthreads : 0;
     ptrdiff_t npart = in_place || b->one_run ? 0 : stride * nchunks;
@@ -215,7 +217,7 @@ int lnf_backward(const lnf_backward_args *a)
     ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
     const lnf_array *rows[4] = {&a->x, &a->dy, a->has_dz ? &a->dz : NULL, &a->dx};
     lnf_bwd b = {a, lnf_kernels_for(a->x.dtype), lnf_kernels_for(f32 ? LNF_FLOAT32 : LNF_FLOAT64),
-                 col_block, 0, 0, 0, 0, 0, 0, 1};
+                 col_block, 0, 0, 0, 0, 0, 0, 0, 1};
     b.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, nchunks));
     /* Direct and gathered rows give the same bits; tiles or rows, and
      * blocked sums, follow the inputs (x, dy, dz) alone, so that dx's
@@ -228,6 +230,7 @@ int lnf_backward(const lnf_backward_args *a)
                         : b.run && b.dx_like && lnf_tile_streamed(&a->dx, b.run, a->M, a->D);
     b.blocked = lnf_all_direct(rows, 3)
                 && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8)) >= blocked_row_bytes;
+    b.shared = b.blocked && b.direct;
     b.one_run = f32 && !b.run && nchunks == 1 && a->M <= LNF_RUN_ROWS;
     lnf_reduction p;
     lnf_scratches s;

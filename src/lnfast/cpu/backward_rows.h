@@ -405,7 +405,7 @@ static void F(backward_chunk)(const lnf_bwd *b, const REAL *w, const REAL *mean,
                               double *sums, lnf_scratch *sc)
 {
     const lnf_backward_args *a = b->a;
-    if (b->blocked && b->direct) {
+    if (b->shared) {
         F(backward_blocks)(b, w, mean, rstd, r0, r1, dw, g, sums, sc, 0, 1);
         return;
     }
@@ -457,7 +457,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
             F(backward_chunk)(b, w, mean, rstd, chunk_row(b, c, nchunks),
                               chunk_row(b, c + 1, nchunks), part + stride * c,
                               F(run_rows)(p, part + stride * c, 0), p->sums, sc);
-    } else if (b->blocked && b->direct && b->nthreads <= nb) {
+    } else if (b->shared && b->nthreads <= nb) {
 #pragma omp parallel num_threads(b->nthreads)
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
