@@ -474,6 +474,61 @@ def test_fake_tensors_and_torch_jit_trace(gen):
         torch.testing.assert_close(traced(2 * x), m(2 * x), rtol=0, atol=0)
 
 
+def test_torch_func_transforms(gen):
+    # vmap: a mapped input is more rows, one call (the same bits as the call
+    # on the stacked input), a mapped weight a call per entry; vmap(grad)
+    # gives per-example gradients, jacrev and is_grads_batched map the
+    # backward; no PyTorch warning that it loops over the batch
+    x = randn(gen, 5, 3, 8)
+    w, b = randn(gen, 8), randn(gen, 8)
+    r, W = randn(gen, 5, 3, 8), randn(gen, 5, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        v = torch.func.vmap(lambda x: lt.layer_norm(x, 8, w, b), in_dims=1)(x)
+        assert torch.equal(v, lt.layer_norm(x.movedim(1, 0), 8, w, b))
+        v = torch.func.vmap(lambda x, w: lt.rms_norm(x, (3, 8), w))(x, W.view(5, 1, 8).expand(5, 3, 8))
+        for i in range(5):
+            assert torch.equal(v[i], lt.rms_norm(x[i], (3, 8), W[i].expand(3, 8)))
+        y, z = torch.func.vmap(lambda r: lt.add_layer_norm(x[0], r, 8, w, b))(r)
+        want = lt.add_layer_norm(x[0].expand(5, 3, 8), r, 8, w, b)
+        assert torch.equal(y, want[0]) and torch.equal(z, want[1])
+
+        def loss(w, b, x):
+            return lt.layer_norm(x, 8, w, b).square().sum()
+
+        def torch_loss(w, b, x):
+            return F.layer_norm(x, (8,), w, b).square().sum()
+
+        per = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1)), in_dims=(None, None, 0))
+        want = torch.func.vmap(torch.func.grad(torch_loss, argnums=(0, 1)),
+                               in_dims=(None, None, 0))(w, b, x)
+        got = per(w, b, x)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+        for i in range(5):
+            assert torch.equal(got[0][i], torch.func.grad(loss)(w, b, x[i]))
+        ga = torch.func.vmap(torch.func.grad(
+            lambda x, r: sum(t.square().sum() for t in lt.add_layer_norm(x, r, 8, w)),
+            argnums=(0, 1)))(x, r)
+        gt = torch.func.vmap(torch.func.grad(
+            lambda x, r: F.layer_norm(x + r, (8,), w).square().sum() + (x + r).square().sum(),
+            argnums=(0, 1)))(x, r)
+        for g, e in zip(ga, gt):
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+        jac = torch.func.jacrev(lambda x: lt.rms_norm(x, 8, w))(x[0, 0])
+        torch.testing.assert_close(jac, torch.func.jacrev(lambda x: F.rms_norm(x, (8,), w))(
+            x[0, 0]), rtol=1e-12, atol=1e-12)
+        xr = x.clone().requires_grad_()
+        y = lt.layer_norm(xr, 8, w, b)
+        dys = randn(gen, 4, *y.shape)
+        batched, = torch.autograd.grad(y, xr, dys, is_grads_batched=True, retain_graph=True)
+        for i in range(4):
+            assert torch.equal(batched[i], torch.autograd.grad(y, xr, dys[i], retain_graph=True)[0])
+    # a gradient of a gradient stays an error
+    with pytest.raises((RuntimeError, NotImplementedError), match="lnfast::norm_backward"):
+        torch.func.grad(lambda x: torch.func.grad(loss, argnums=2)(w, b, x).sum())(x)
+
+
 def test_replace_norms_keeps_the_modules_themselves():
     ln = torch.nn.LayerNorm(8)
     calls = []

@@ -18,8 +18,9 @@ PyTorch's current stream), and CPU tensors where the C++ cannot be built
 the kernels as NumPy views (bfloat16 through a 16-bit integer view), and
 eager calls go through an `autograd.Function`, which costs less per call
 than the operators' Python dispatch (docs/torch.md).  Both give the same
-bits.  Gradients of gradients are not computed: asking for them is
-PyTorch's error for `lnfast::norm_backward`, which has no derivative.
+bits.  torch.func's transforms work on both (batching rules: _norm_vmap).
+Gradients of gradients are not computed: asking for them is PyTorch's
+error for `lnfast::norm_backward`, which has no derivative.
 """
 import ctypes
 import numbers
@@ -233,23 +234,64 @@ def _as_bias(ctx, weight, src):
     return src.new_ones(src.shape[src.dim() - ctx.k:], dtype=ctx.bias_dtype)
 
 
-def _op_grads(ctx, dy, dz, src, mean, rstd, weight):
-    """_needed's gradients through the backward operator."""
-    dx, dw, db = _norm_backward_op(dy, src, mean, rstd, weight, dz, ctx.k, ctx.centered)
+def _op_grads(ctx, dy, dz, src, mean, rstd, weight, op=_norm_backward_op):
+    """_needed's gradients through the backward operator (op: it, or its
+    call for torch.func, _TransformedBackward.apply)."""
+    dx, dw, db = op(dy, src, mean, rstd, weight, dz, ctx.k, ctx.centered)
     if _bias_apart(ctx, weight, src):
-        db = _norm_backward_op(dy, src, mean, rstd, _as_bias(ctx, weight, src), dz, ctx.k,
-                               ctx.centered)[2]
+        db = op(dy, src, mean, rstd, _as_bias(ctx, weight, src), dz, ctx.k, ctx.centered)[2]
     return _needed(ctx, dx, dw, db)
 
 
-def _op_backward(ctx, dy, dz, dmean, drstd):
+def _op_backward(ctx, dy, dz, dmean, drstd, op=_norm_backward_op):
     src, mean, rstd, weight = ctx.saved_tensors
     dy, dz = _incoming(src, dy, dz, ctx.fused)
-    return _op_grads(ctx, dy, dz, src, mean, rstd, weight)
+    return _op_grads(ctx, dy, dz, src, mean, rstd, weight, op)
 
 
 _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
 _NORM = torch.ops.lnfast.norm.default
+_NORM_BACKWARD = torch.ops.lnfast.norm_backward.default
+
+
+# --- torch.func.vmap -------------------------------------------------------------
+
+def _entry(t, d, i):
+    """Entry i of t's mapped dimension d (t itself where it has none)."""
+    return t if t is None or d is None else t.select(d, i)
+
+
+def _per_entry(op, info, in_dims, tensors, *rest):
+    """op called on each entry of the mapped dimension, results stacked
+    (each entry's own sums: dweight and dbias, a mapped weight)."""
+    outs = [op(*(_entry(t, d, i) for t, d in zip(tensors, in_dims)), *rest)
+            for i in range(info.batch_size)]
+    return tuple(torch.stack(o) for o in zip(*outs))
+
+
+@torch.library.register_vmap("lnfast::norm")
+def _norm_vmap(info, in_dims, x, residual, weight, bias, k, eps, centered):
+    """A mapped x (or residual) is more rows: one call.  A mapped weight or
+    bias: a call per entry."""
+    dims = in_dims[:4]
+    if dims[2] is None and dims[3] is None:
+        lead = [t.movedim(d, 0) if d is not None else t.expand(info.batch_size, *t.shape)
+                for t, d in zip((x, residual), dims) if t is not None]
+        y, z, mean, rstd = _NORM(lead[0], lead[1] if residual is not None else None, weight,
+                                 bias, k, eps, centered)
+    else:
+        y, z, mean, rstd = _per_entry(_NORM, info, dims, (x, residual, weight, bias), k, eps,
+                                      centered)
+    # (z and mean stand empty for no residual and RMSNorm: not mapped)
+    return (y, z, mean, rstd), (0, 0 if residual is not None else None,
+                                0 if centered else None, 0)
+
+
+@torch.library.register_vmap("lnfast::norm_backward")
+def _norm_backward_vmap(info, in_dims, dy, x, mean, rstd, weight, dz, k, centered):
+    """A call per entry: each has its own dweight and dbias sums."""
+    return (_per_entry(_NORM_BACKWARD, info, in_dims[:6], (dy, x, mean, rstd, weight, dz), k,
+                       centered), (0, 0, 0))
 
 
 # --- the operators' CPU kernels and autograd in C++ ------------------------------
@@ -337,17 +379,57 @@ class _Norm(torch.autograd.Function):
         src, weight = ctx.saved_tensors
         dy, dz = _incoming(src, dy, dz, ctx.fused)
         srca, wa, mean, rstd = ctx.arrays
-        if torch.is_grad_enabled() or _bias_apart(ctx, weight, src):
+        if (torch.is_grad_enabled() or _bias_apart(ctx, weight, src)
+                or torch._C._functorch.is_legacy_batchedtensor(dy)):
             # With create_graph, through the operator, which has no
             # derivative: differentiating its result again is PyTorch's
             # error naming it, not a silent zero.  (A bias of another dtype
-            # than dweight's too: _op_grads' second pass.)
+            # than dweight's too: _op_grads' second pass; and batched
+            # gradients, is_grads_batched: PyTorch's loop over the batch.)
             stats = _compute_dtype(src.dtype)
             return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
                              weight)
         dx, dw, db = _on_stream(src, _backward, _array(dy), srca, mean, rstd, wa, _array(dz),
                                 ctx.k, ctx.centered)
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
+
+
+class _Transformed(torch.autograd.Function):
+    """The operator's autograd, for torch.func's transforms (grad, vmap,
+    jacrev) where the Python kernels serve x: custom_op's own autograd does
+    not take them.  Forward and backward are the operators, whose vmap
+    rules (_norm_vmap) serve vmap."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, residual, weight, bias, k, eps, centered):
+        return _NORM(x, residual, weight, bias, k, eps, centered)
+
+    setup_context = staticmethod(_setup_context)
+
+    @staticmethod
+    def backward(ctx, dy, dz, dmean, drstd):
+        return _op_backward(ctx, dy, dz, dmean, drstd, _TransformedBackward.apply)
+
+
+class _TransformedBackward(torch.autograd.Function):
+    """The backward operator under torch.func's transforms, whose own
+    derivative is an error, as the C++ kernels' is."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(dy, x, mean, rstd, weight, dz, k, centered):
+        return _NORM_BACKWARD(dy, x, mean, rstd, weight, dz, k, centered)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("the derivative for 'lnfast::norm_backward' is not "
+                                  "implemented: lnfast.torch computes no gradient of a "
+                                  "gradient (double backward)")
 
 
 _norm_apply = super(torch.autograd.Function, _Norm).apply
@@ -358,8 +440,9 @@ def _apply(x, residual, weight, bias, k, eps, centered):
     """(y, z) through the operator while torch.compile or torch.jit.trace
     traces, where the C++ kernels serve x, and for meta tensors and tensor
     subclasses such as fake tensors (its fake kernel gives the shapes, and
-    its dispatch serves the subclass), else through _Norm where a gradient
-    may be asked for, else straight."""
+    its dispatch serves the subclass); under torch.func's transforms
+    through _Transformed; else through _Norm where a gradient may be asked
+    for, else straight."""
     if _forward_ad._current_level >= 0 and any(
             t is not None and _forward_ad.unpack_dual(t).tangent is not None
             for t in (x, residual, weight, bias)):
@@ -369,12 +452,13 @@ def _apply(x, residual, weight, bias, k, eps, centered):
             or torch.jit.is_tracing() or type(x) not in _PLAIN):
         y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
         return y, None if residual is None else z
+    if torch._C._are_functorch_transforms_active():
+        y, z, _, _ = _Transformed.apply(x, residual, weight, bias, k, eps, centered)
+        return y, None if residual is None else z
     if torch.is_grad_enabled() and (
             x.requires_grad or (residual is not None and residual.requires_grad)
             or (weight is not None and weight.requires_grad)
             or (bias is not None and bias.requires_grad)):
-        if torch._C._are_functorch_transforms_active():
-            return _Norm.apply(x, residual, weight, bias, k, eps, centered)
         # (autograd.Function.apply, less its Python preamble for functorch)
         return _norm_apply(x, residual, weight, bias, k, eps, centered)
     y, z = _on_stream(x, _forward, _array(x), _array(residual), _array(weight), _array(bias), k,
