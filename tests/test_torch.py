@@ -529,6 +529,20 @@ def test_torch_func_transforms(gen):
         torch.func.grad(lambda x: torch.func.grad(loss, argnums=2)(w, b, x).sum())(x)
 
 
+def test_compiled_autograd_with_a_compiled_forward(gen):
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), lt.LayerNorm(8)).double()
+    x = randn(gen, 4, 8)
+    m(x).square().sum().backward()
+    want = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        torch.compile(m, backend="aot_eager", fullgraph=True)(x).square().sum().backward()
+    for p, e in zip(m.parameters(), want):
+        torch.testing.assert_close(p.grad, e, rtol=1e-12, atol=1e-12)
+    torch._dynamo.reset()
+
+
 def test_replace_norms_keeps_the_modules_themselves():
     ln = torch.nn.LayerNorm(8)
     calls = []
