@@ -467,7 +467,7 @@ def test_fake_tensors_and_torch_jit_trace(gen):
         y, z = lt.add_layer_norm(x, x, (3, 8))
         assert z.shape == x.shape and lt.rms_norm(x, (8,), w).shape == x.shape
     x = randn(gen, 4, 3, 8, dtype=torch.float32)
-    for m in (lt.LayerNorm(8), lt.RMSNorm((3, 8))):
+    for m in (lt.LayerNorm(8), lt.RMSNorm((3, 8)), lambda x: lt.add_layer_norm(x, x, 8)):
         with warnings.catch_warnings():
             warnings.simplefilter("error", torch.jit.TracerWarning)
             traced = torch.jit.trace(m, (x,), check_trace=True)
@@ -524,6 +524,17 @@ def test_torch_func_transforms(gen):
         batched, = torch.autograd.grad(y, xr, dys, is_grads_batched=True, retain_graph=True)
         for i in range(4):
             assert torch.equal(batched[i], torch.autograd.grad(y, xr, dys[i], retain_graph=True)[0])
+        # batched gradients of z alone (dy then none), and vmap over autograd.grad
+        rr = r.clone().requires_grad_()
+        y, z = lt.add_layer_norm(xr, rr, 8, w)
+        got = torch.autograd.grad(z, (xr, rr), dys, is_grads_batched=True, retain_graph=True)
+        assert torch.equal(got[0], dys) and torch.equal(got[1], dys)
+        wr = w.clone().requires_grad_()
+        y = lt.layer_norm(xr, 8, wr)
+        got = torch.func.vmap(lambda v: torch.autograd.grad(y, (xr, wr), v, retain_graph=True))(dys)
+        for i in range(4):
+            for g, e in zip(got, torch.autograd.grad(y, (xr, wr), dys[i], retain_graph=True)):
+                assert torch.equal(g[i], e)
     # a gradient of a gradient stays an error
     with pytest.raises((RuntimeError, NotImplementedError), match="lnfast::norm_backward"):
         torch.func.grad(lambda x: torch.func.grad(loss, argnums=2)(w, b, x).sum())(x)

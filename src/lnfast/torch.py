@@ -235,8 +235,9 @@ def _as_bias(ctx, weight, src):
 
 
 def _op_grads(ctx, dy, dz, src, mean, rstd, weight, op=_norm_backward_op):
-    """_needed's gradients through the backward operator (op: it, or its
-    call for torch.func, _TransformedBackward.apply)."""
+    """_needed's gradients through the backward operator: op is the
+    operator, or under torch.func's transforms _TransformedBackward.apply,
+    which calls it."""
     dx, dw, db = op(dy, src, mean, rstd, weight, dz, ctx.k, ctx.centered)
     if _bias_apart(ctx, weight, src):
         db = op(dy, src, mean, rstd, _as_bias(ctx, weight, src), dz, ctx.k, ctx.centered)[2]
@@ -282,6 +283,7 @@ def _norm_vmap(info, in_dims, x, residual, weight, bias, k, eps, centered):
     else:
         y, z, mean, rstd = _per_entry(_NORM, info, dims, (x, residual, weight, bias), k, eps,
                                       centered)
+        z, mean = z if residual is not None else z[0], mean if centered else mean[0]
     # (z and mean stand empty for no residual and RMSNorm: not mapped)
     return (y, z, mean, rstd), (0, 0 if residual is not None else None,
                                 0 if centered else None, 0)
@@ -380,18 +382,26 @@ class _Norm(torch.autograd.Function):
         dy, dz = _incoming(src, dy, dz, ctx.fused)
         srca, wa, mean, rstd = ctx.arrays
         if (torch.is_grad_enabled() or _bias_apart(ctx, weight, src)
-                or torch._C._functorch.is_legacy_batchedtensor(dy)):
+                or torch._C._are_functorch_transforms_active() or _batched(dy)
+                or _batched(dz)):
             # With create_graph, through the operator, which has no
             # derivative: differentiating its result again is PyTorch's
             # error naming it, not a silent zero.  (A bias of another dtype
             # than dweight's too: _op_grads' second pass; and batched
-            # gradients, is_grads_batched: PyTorch's loop over the batch.)
+            # gradients, of is_grads_batched or of vmap over autograd.grad:
+            # its batching rule or PyTorch's loop over the batch.)
             stats = _compute_dtype(src.dtype)
             return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
                              weight)
         dx, dw, db = _on_stream(src, _backward, _array(dy), srca, mean, rstd, wa, _array(dz),
                                 ctx.k, ctx.centered)
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
+
+
+def _batched(t):
+    """Whether t is a batch of gradients (vmap's, or is_grads_batched's)."""
+    return t is not None and (torch._C._functorch.is_batchedtensor(t)
+                              or torch._C._functorch.is_legacy_batchedtensor(t))
 
 
 class _Transformed(torch.autograd.Function):
@@ -482,17 +492,22 @@ def _size(n):
     return operator.index(n)
 
 
-def _normalized(x, normalized_shape, params):
-    """k, the number of trailing axes normalized, after the checks that
-    torch.nn.functional makes (shapes) and those of lnfast (dtypes,
-    devices).  Under torch.jit.trace sizes are traced values, and the
+def _quietly(check, *args):
+    """check(*args).  Under torch.jit.trace sizes are traced values, and the
     checks' answers constants of the trace, as normalized_shape is: not
     worth a TracerWarning each."""
     if not torch.jit.is_tracing():
-        return _checked(x, normalized_shape, params)
+        return check(*args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        return _checked(x, normalized_shape, params)
+        return check(*args)
+
+
+def _normalized(x, normalized_shape, params):
+    """k, the number of trailing axes normalized, after the checks that
+    torch.nn.functional makes (shapes) and those of lnfast (dtypes,
+    devices)."""
+    return _quietly(_checked, x, normalized_shape, params)
 
 
 def _checked(x, normalized_shape, params):
@@ -675,6 +690,12 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sh
     if yz is not None:
         return yz
     k = _normalized(x, normalized_shape, (("weight", weight), ("bias", bias)))
+    _quietly(_residual, x, residual)
+    return _apply(x, residual, weight, bias, k, _eps(eps), True)
+
+
+def _residual(x, residual):
+    """add_layer_norm's checks of residual: x's type, dtype, shape, device."""
     if not isinstance(residual, torch.Tensor):
         raise _TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
     _strided("residual", residual)
@@ -684,7 +705,6 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sh
         raise _ValueError(f"residual must have x's shape and device "
                           f"({list(x.shape)}, {x.device}), got "
                           f"({list(residual.shape)}, {residual.device})")
-    return _apply(x, residual, weight, bias, k, _eps(eps), True)
 
 
 # --- modules -------------------------------------------------------------------
