@@ -540,6 +540,19 @@ def test_torch_func_transforms(gen):
         torch.func.grad(lambda x: torch.func.grad(loss, argnums=2)(w, b, x).sum())(x)
 
 
+def test_torch_func_with_tensor_subclasses_and_meta_tensors(gen):
+    class Sub(torch.Tensor):
+        pass
+
+    x, w = randn(gen, 3, 8).as_subclass(Sub), randn(gen, 8)
+    got = torch.func.grad(lambda x: lt.layer_norm(x, 8, w).square().sum())(x)
+    want = torch.func.grad(lambda x: F.layer_norm(x, (8,), w).square().sum())(
+        x.as_subclass(torch.Tensor))
+    torch.testing.assert_close(got.as_subclass(torch.Tensor), want, rtol=1e-12, atol=1e-12)
+    meta = torch.randn(3, 8, device="meta")
+    assert torch.func.grad(lambda x: lt.rms_norm(x, 8).sum())(meta).shape == meta.shape
+
+
 def test_compiled_autograd_with_a_compiled_forward(gen):
     torch._dynamo.reset()
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), lt.LayerNorm(8)).double()

@@ -448,22 +448,24 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def _apply(x, residual, weight, bias, k, eps, centered):
     """(y, z) through the operator while torch.compile or torch.jit.trace
-    traces, where the C++ kernels serve x, and for meta tensors and tensor
-    subclasses such as fake tensors (its fake kernel gives the shapes, and
-    its dispatch serves the subclass); under torch.func's transforms
-    through _Transformed; else through _Norm where a gradient may be asked
-    for, else straight."""
+    traces and where the C++ kernels serve x; else under torch.func's
+    transforms through _Transformed; else through the operator for meta
+    tensors and tensor subclasses such as fake tensors (its fake kernel
+    gives the shapes, and its dispatch serves the subclass); else through
+    _Norm where a gradient may be asked for, else straight."""
     if _forward_ad._current_level >= 0 and any(
             t is not None and _forward_ad.unpack_dual(t).tangent is not None
             for t in (x, residual, weight, bias)):
         raise NotImplementedError("lnfast.torch computes no forward-mode derivative (jvp): "
                                   "its inputs must not be dual tensors")
-    if (torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu) or x.is_meta
-            or torch.jit.is_tracing() or type(x) not in _PLAIN):
+    if torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu) or torch.jit.is_tracing():
         y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
         return y, None if residual is None else z
     if torch._C._are_functorch_transforms_active():
         y, z, _, _ = _Transformed.apply(x, residual, weight, bias, k, eps, centered)
+        return y, None if residual is None else z
+    if x.is_meta or type(x) not in _PLAIN:
+        y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
         return y, None if residual is None else z
     if torch.is_grad_enabled() and (
             x.requires_grad or (residual is not None and residual.requires_grad)
