@@ -31,7 +31,7 @@ import sys
 import sysconfig
 import warnings
 from collections.abc import Sequence
-from typing import List, Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
 import ml_dtypes
 import numpy as np
@@ -458,14 +458,17 @@ def _apply(x, residual, weight, bias, k, eps, centered):
             for t in (x, residual, weight, bias)):
         raise NotImplementedError("lnfast.torch computes no forward-mode derivative (jvp): "
                                   "its inputs must not be dual tensors")
+    op: Optional[Callable[..., Any]]
     if torch.compiler.is_compiling() or (_EXT is not None and x.is_cpu) or torch.jit.is_tracing():
-        y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
-        return y, None if residual is None else z
-    if torch._C._are_functorch_transforms_active():
-        y, z, _, _ = _Transformed.apply(x, residual, weight, bias, k, eps, centered)
-        return y, None if residual is None else z
-    if x.is_meta or type(x) not in _PLAIN:
-        y, z, _, _ = _NORM(x, residual, weight, bias, k, eps, centered)
+        op = _NORM
+    elif torch._C._are_functorch_transforms_active():
+        op = _Transformed.apply
+    elif x.is_meta or type(x) not in _PLAIN:
+        op = _NORM
+    else:
+        op = None
+    if op is not None:
+        y, z, _, _ = op(x, residual, weight, bias, k, eps, centered)
         return y, None if residual is None else z
     if torch.is_grad_enabled() and (
             x.requires_grad or (residual is not None and residual.requires_grad)
