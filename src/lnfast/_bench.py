@@ -149,6 +149,28 @@ def _copy(x, traffic, threads):
     return (lambda: _cpu.parallel_copy(src, dst, threads)), 2 * src.nbytes
 
 
+def _rounds(args, repeat):
+    """(rounds per shape, timed calls per case in each round): --rounds,
+    default 3 (--quick 1), sharing `repeat` calls."""
+    rounds = args.rounds or (1 if args.quick else 3)
+    return rounds, max(3, -(-repeat // rounds))
+
+
+def _in_rounds(fns, rounds, per_round, budget, pause=()):
+    """Median seconds per call of each of fns (a dict), timed by turns in
+    `rounds` rounds of `budget / rounds` each, the median of its rounds': a
+    noisy spell of a shared machine touches every case.  Keys in `pause`
+    wait PAUSE first (no runtime's pool still spinning from the case
+    before)."""
+    times = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            if key in pause:
+                time.sleep(PAUSE)
+            times[key].append(_median_seconds(fn, per_round, budget / rounds))
+    return {key: float(np.median(t)) for key, t in times.items()}
+
+
 def _copy_gbs(x, traffic, threads, repeat, budget):
     """GB/s of a parallel copy moving `traffic` times x.nbytes."""
     fn, nbytes = _copy(x, traffic, threads)
@@ -295,8 +317,7 @@ def run(args):
     shapes = [_shape(s) for s in (args.shapes or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES))]
     repeat = args.repeat or (5 if args.quick else 21)
     budget = 0.5 if args.quick else 1.5
-    rounds = args.rounds or (1 if args.quick else 3)
-    per_round = max(3, -(-repeat // rounds))
+    rounds, per_round = _rounds(args, repeat)
     if args.threads is not None:
         lnfast.set_num_threads(args.threads)
     threads = get_num_threads()
@@ -346,19 +367,12 @@ def run(args):
             cases.update(_bench_peers.cases(x, r, w, b, dy, stats, threads))
         cases = {key: fn for key, fn in cases.items()
                  if not args.functions or key[0].split()[0] in args.functions}
-        times = {key: [] for key in [*copies, *cases]}
-        for _ in range(rounds):     # (a noisy spell of a shared machine touches every case)
-            for t, (fn, _) in copies.items():
-                times[t].append(_median_seconds(fn, per_round, budget / rounds))
-            for key, fn in cases.items():
-                if args.peers:      # (no runtime's pool still spinning from the case before)
-                    time.sleep(PAUSE)
-                times[key].append(_median_seconds(fn, per_round, budget / rounds))
-        copy_gbs = {t: _gbs(nbytes, float(np.median(times[t])))
-                    for t, (_, nbytes) in copies.items()}
+        secs = _in_rounds({**{t: fn for t, (fn, _) in copies.items()}, **cases}, rounds,
+                          per_round, budget, set(cases) if args.peers else ())
+        copy_gbs = {t: _gbs(nbytes, secs[t]) for t, (_, nbytes) in copies.items()}
         for (func, impl), fn in cases.items():
             nbytes = TRAFFIC[func] * x.nbytes
-            sec = float(np.median(times[(func, impl)]))
+            sec = secs[(func, impl)]
             results.append({
                 "function": func, "impl": impl, "dtype": dtype,
                 "M": M, "D": D, "ms": sec * 1e3, "gbs": _gbs(nbytes, sec),

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 import lnfast
-from lnfast._bench import DTYPES, EPS, _copy, _gbs, _median_seconds, _to_torch
+from lnfast._bench import DTYPES, EPS, _copy, _gbs, _in_rounds, _rounds, _to_torch
 
 CASES = [((32, 96, 56, 56), (1,)), ((32, 768, 7, 7), (1,)), ((8, 16, 64, 1024), (2, 3))]
 
@@ -60,8 +60,7 @@ def _torch_ways(torch, x, w, b, ax):
 def run(args, torch, threads):
     repeat = args.repeat or (5 if args.quick else 15)
     budget = 0.5 if args.quick else 1.5
-    rounds = args.rounds or (1 if args.quick else 3)
-    per_round = max(3, -(-repeat // rounds))
+    rounds, per_round = _rounds(args, repeat)
     dtypes = [d for d in args.dtypes if d in ("float32", "bfloat16")] or ["float32"]
     rng = np.random.default_rng(0)
     rows = []
@@ -86,13 +85,10 @@ def run(args, torch, threads):
                 for way, (fwd, bwd) in _torch_ways(torch, tx, tw, tb, ax).items():
                     cases[("forward", way)] = lambda fwd=fwd: torch.no_grad()(fwd)()
                     cases[("backward", way)] = bwd()
-            times = {key: [] for key in ["copy", *cases]}
-            for _ in range(rounds):     # (a noisy spell of a shared machine touches every case)
-                for key, fn in [("copy", copy_fn), *cases.items()]:
-                    times[key].append(_median_seconds(fn, per_round, budget / rounds))
-            copy = _gbs(copy_bytes, float(np.median(times["copy"])))
+            secs = _in_rounds({"copy": copy_fn, **cases}, rounds, per_round, budget)
+            copy = _gbs(copy_bytes, secs["copy"])
             for direction, impl in cases:
-                sec = float(np.median(times[(direction, impl)]))
+                sec = secs[(direction, impl)]
                 traffic = (2 if direction == "forward" else 3) * x.nbytes
                 rows.append({"shape": "x".join(map(str, shape)), "axis": ax, "dtype": dname,
                              "direction": direction, "impl": impl, "ms": sec * 1e3,

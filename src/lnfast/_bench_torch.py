@@ -15,9 +15,7 @@ forward, backward and an SGD step.
 """
 import sys
 
-import numpy as np
-
-from lnfast._bench import _copy_gbs, _median_seconds
+from lnfast._bench import _copy, _gbs, _in_rounds, _median_seconds, _rounds
 
 SHAPES = ["8192x1024", "256x1024", "32x768", "1x768"]
 QUICK = ["256x1024", "1x768"]
@@ -49,8 +47,7 @@ def run(args, torch, threads):
 
     repeat = args.repeat or (5 if args.quick else 15)
     budget = 0.5 if args.quick else 1.5
-    rounds = args.rounds or (1 if args.quick else 3)
-    per_round = max(3, -(-repeat // rounds))
+    rounds, per_round = _rounds(args, repeat)
     shapes = args.shapes or (QUICK if args.quick else SHAPES)
     dtypes = [d for d in args.dtypes if d in DTYPES] or DTYPES
     rows = []
@@ -68,16 +65,11 @@ def run(args, torch, threads):
                     def step(m=m):
                         torch.autograd.grad(m(x), (x, *m.parameters()), dy)
                     steps[kind, impl] = step
-            # (by turns, in rounds: a noisy spell of a shared machine touches every case)
-            times = {key: [] for key in ["copy", *steps]}
-            for _ in range(rounds):
-                times["copy"].append(_copy_gbs(x.detach().view(torch.uint8).numpy(), 2, threads,
-                                               per_round, budget / rounds))
-                for key, step in steps.items():
-                    times[key].append(_median_seconds(step, per_round, budget / rounds))
-            copy = float(np.median(times["copy"]))
+            copy_fn, copy_bytes = _copy(x.detach().view(torch.uint8).numpy(), 2, threads)
+            secs = _in_rounds({"copy": copy_fn, **steps}, rounds, per_round, budget)
+            copy = _gbs(copy_bytes, secs["copy"])
             for (kind, impl) in steps:
-                sec = float(np.median(times[kind, impl]))
+                sec = secs[kind, impl]
                 rows.append({"group": "module", "module": kind, "shape": shape, "dtype": dname,
                              "impl": impl, "ms": sec * 1e3, "gbs": 5 * x.nbytes / sec / 1e9,
                              "copy_gbs": copy})
