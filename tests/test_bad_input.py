@@ -39,8 +39,14 @@ def test_byte_swapped_arrays(args):
         raises(TypeError, "x", fn, args["x"].astype(">f8"))
     raises(TypeError, "weight", lnfast.layer_norm, args["x"], args["w"].astype(">f8"))
     raises(TypeError, "residual", lnfast.add_layer_norm_forward, args["x"], args["x"].astype(">f8"))
-    with pytest.raises(TypeError, match="byte order"):
+    with pytest.raises(TypeError, match="byte order") as info:
         lnfast.layer_norm(args["x"].astype(">f4"))
+    assert "newbyteorder" in str(info.value)      # how to convert an input
+    out = np.zeros(args["x"].shape, ">f4")
+    with pytest.raises(TypeError, match="^out .*byte order") as info:
+        lnfast.layer_norm(args["x"], out=out)
+    assert "astype" not in str(info.value)        # a converted copy is not written back
+    assert not out.any()
 
 
 @pytest.mark.parametrize("fn", [lnfast.layer_norm, lnfast.layer_norm_forward])
@@ -89,6 +95,12 @@ def test_zero_dimensional_x():
 def test_eps_negative_or_not_finite(args, eps):
     raises(ValueError, "eps", lnfast.layer_norm, args["x"], eps=eps)
     raises(ValueError, "eps", lnfast.layer_norm_forward, args["x"], eps=eps)
+
+
+def test_eps_integer_past_float64_says_so_briefly(args):
+    with pytest.raises(ValueError, match="eps .* integer of 401 digits") as info:
+        lnfast.layer_norm(args["x"], eps=10 ** 400)
+    assert len(str(info.value)) < 100
 
 
 @pytest.mark.parametrize("eps", ["1e-5", None, True, 1j])

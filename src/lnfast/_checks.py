@@ -42,10 +42,14 @@ def array(name, a):
     return a
 
 
-def _got(dtype):
-    """A dtype as an error names it: a byte order not the machine's said so."""
+def _got(dtype, written=False):
+    """A dtype as an error names it: a byte order not the machine's said so
+    (written: of an array lnfast writes into, which a converted copy would
+    not serve)."""
     if dtype.isnative:
         return str(dtype)
+    if written:
+        return f"{dtype.str} (not the machine's byte order, which lnfast writes)"
     return (f"{dtype.str} (not the machine's byte order: pass "
             f"a.astype(a.dtype.newbyteorder('=')))")
 
@@ -155,8 +159,9 @@ def eps(value):
             raise TypeError(f"eps must be a real number, got {type(value).__name__}")
         try:
             value = float(value)
-        except OverflowError:
-            raise ValueError(f"eps must be finite and >= 0, got {value}") from None
+        except OverflowError:           # an int past float64's range
+            raise ValueError(f"eps must be finite and >= 0, got an integer of "
+                             f"{len(str(abs(value)))} digits") from None
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"eps must be finite and >= 0, got {value}")
     return value
@@ -165,7 +170,7 @@ def eps(value):
 def out(o, shape, dtype):
     array("out", o)
     if o.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {_got(o.dtype)}")
+        raise TypeError(f"out must have dtype {dtype}, got {_got(o.dtype, written=True)}")
     if o.shape != shape:
         raise ValueError(f"out must have shape {shape}, got {o.shape}")
     if not getattr(o.flags, "writeable", True):     # CuPy arrays are always writeable

@@ -35,8 +35,10 @@ PARAMS = {
     x, else float32.""",
     "grads": """dweight, dbias : array
     Sums over every row, of the normalized axes' shape, in weight's dtype
-    (with weight None: x's, float32 for 16-bit x), accumulated in float64
-    and rounded once; bitwise the same for any thread count.""",
+    (with weight None: x's, float32 for 16-bit x), rounded once from
+    float64 sums (float32 and 16-bit x: each row's terms added in float32
+    over runs of 16 rows first: docs/api.md, "Numerics"); bitwise the same
+    for any thread count.""",
     "raises": """Raises
 ------
 TypeError
