@@ -1,7 +1,9 @@
 """The C API (src/lnfast/cpu/lnfast_cpu.h) used without Python: a C program
 (tests/c_api/api_check.c) built from the kernel sources alone runs LayerNorm
 with a residual and RMSNorm, forward and backward, on every instruction set
-of this CPU, and its outputs are the Python functions' bytes."""
+of this CPU, and its outputs are the Python functions' bytes; another
+(tests/c_api/fpenv_check.c) holds the kernels' bits with flush-to-zero set
+by the caller."""
 import os
 import pathlib
 import shutil
@@ -21,17 +23,17 @@ DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 pytestmark = pytest.mark.skipif(not CPU.is_dir(), reason="needs the source tree")
 
 
-def build(tmp):
+def build(tmp, name="api_check"):
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler")
-    sources = [str(ROOT / "tests" / "c_api" / "api_check.c"), *map(str, sorted(CPU.glob("*.c")))]
+    sources = [str(ROOT / "tests" / "c_api" / f"{name}.c"), *map(str, sorted(CPU.glob("*.c")))]
     base = [cc, "-O2", "-ffp-contract=off", "-fno-math-errno", f"-I{CPU}", *sources, "-lm",
-            "-o", str(tmp / "api_check")]
+            "-o", str(tmp / name)]
     for flags in (["-fopenmp"], []):        # OpenMP where the compiler has it
         p = subprocess.run(base + flags, capture_output=True, text=True, timeout=600)
         if p.returncode == 0:
-            return tmp / "api_check"
+            return tmp / name
     pytest.fail(f"the C API does not build:\n{p.stderr[-3000:]}")
 
 
@@ -72,3 +74,11 @@ def test_the_c_api_gives_the_python_functions_bytes(outputs):
         for i, (g, e) in enumerate(zip(got, want)):
             assert g.tobytes() == np.ascontiguousarray(e).tobytes(), (np.dtype(dt).name, i)
     assert pos == len(outputs)
+
+
+def test_flush_to_zero_on_the_calling_threads_changes_no_bit(tmp_path):
+    # XLA and torch.set_flush_denormal turn flush-to-zero on; the kernels
+    # compute in the default environment and give the caller back its own.
+    exe = build(tmp_path, "fpenv_check")
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -44,6 +44,17 @@ def test_layer_norm_is_the_numpy_call(rng, dtype, D):
         same(g, want)
 
 
+@pytest.mark.parametrize("eps", [0.0, 1.0])
+def test_subnormal_values_keep_the_numpy_calls_bits(eps):
+    # XLA runs custom calls with flush-to-zero on; the kernels do not flush.
+    x = np.array([[1e-40, -1e-40, 2e-40, 0.0], [1e-38, -1e-38, 2e-38, 3e-39]], np.float32)
+    dy = x[::-1].copy()
+    same(jax.jit(lambda x: lj.layer_norm(x, eps=eps))(x), lnfast.layer_norm(x, eps=eps))
+    _, mean, rstd = lnfast.layer_norm_forward(x, eps=eps)
+    grads = jax.jit(lambda x, dy: jax.vjp(lambda x: lj.layer_norm(x, eps=eps), x)[1](dy))(x, dy)
+    same(grads[0], lnfast.layer_norm_backward(dy, x, mean, rstd)[0])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_is_the_numpy_call(rng, dtype):
     x, dy = data(rng, (4, 5, 96), dtype), data(rng, (4, 5, 96), dtype)

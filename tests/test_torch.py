@@ -132,6 +132,25 @@ def test_large_offset_more_accurate_than_torch(gen):
     assert err < 1e-5, err
 
 
+def test_flush_denormal_changes_no_bit():
+    # torch.set_flush_denormal(True) sets flush-to-zero on this thread; the
+    # kernels compute without it, as they do for NumPy.
+    import numpy as np
+
+    import lnfast
+
+    x = np.array([[1e-40, -1e-40, 2e-40, 0.0], [1e-38, -1e-38, 2e-38, 3e-39]], np.float32)
+    want = [lnfast.layer_norm(x, eps=e) for e in (0.0, 1.0)]
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode PyTorch can set")
+    try:
+        got = [lt.layer_norm(torch.from_numpy(x), (4,), eps=e) for e in (0.0, 1.0)]
+    finally:
+        torch.set_flush_denormal(False)
+    for g, w in zip(got, want):
+        assert g.numpy().tobytes() == w.tobytes()
+
+
 def test_float32_weight_with_16_bit_input(gen):
     x = randn(gen, 8, 64, dtype=torch.bfloat16, grad=True)
     w = randn(gen, 64, dtype=torch.float32, grad=True)

@@ -246,10 +246,12 @@ int lnf_backward(const lnf_backward_args *a)
     }
     if (!a->centered)   /* (RMSNorm sums no dbias) */
         memset((char *)a->dwdb + half, 0, (size_t)half);
+    lnf_fpenv env = lnf_fpenv_enter();
     if (f32)
         backward_rows_f32(&b, &p, s.sc);
     else
         backward_rows_f64(&b, &p, s.sc);
+    lnf_fpenv_leave(env);
     lnf_free_aligned(p.buffer);
     return lnf_scratch_end(&s);
 }

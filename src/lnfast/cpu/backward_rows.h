@@ -460,6 +460,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
     } else if (b->shared && b->nthreads <= nb) {
 #pragma omp parallel num_threads(b->nthreads)
         {
+            lnf_fpenv env = lnf_fpenv_enter();
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
             const REAL *w = lnf_param(&a->weight, sc[t].params, D);
             /* (every thread takes every chunk: the barriers are in there) */
@@ -467,10 +468,12 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
                 F(backward_blocks)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
                                    part + stride * c, F(run_rows)(p, part + stride * c, 0),
                                    p->sums, sc, t, nt);
+            lnf_fpenv_leave(env);
         }
     } else {
 #pragma omp parallel num_threads(b->nthreads)
         {
+            lnf_fpenv env = lnf_fpenv_enter();
             int t = omp_get_thread_num();
             const REAL *w = lnf_param(&a->weight, sc[t].params, D);
             if (!REAL_F64)
@@ -481,6 +484,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
                                   chunk_row(b, c + 1, nchunks), part + stride * c,
                                   F(run_rows)(p, part + stride * c, t),
                                   p->sums + 6 * nb * t, sc + t);
+            lnf_fpenv_leave(env);
         }
     }
     if (!REAL_F64 && b->one_run) {      /* (one thread: nchunks is 1) */
@@ -500,10 +504,15 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
         sum_partials(part, nchunks, stride, 0, width, a->dwdb, a->dwdb_dtype);
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(b->nthreads)
-    for (ptrdiff_t k = 0; k < nblocks; k++)
-        sum_partials(part, nchunks, stride, k * LNF_SUM_BLOCK,
-                     LNF_MIN((k + 1) * LNF_SUM_BLOCK, width), a->dwdb, a->dwdb_dtype);
+#pragma omp parallel num_threads(b->nthreads)
+    {
+        lnf_fpenv env = lnf_fpenv_enter();
+#pragma omp for schedule(static)
+        for (ptrdiff_t k = 0; k < nblocks; k++)
+            sum_partials(part, nchunks, stride, k * LNF_SUM_BLOCK,
+                         LNF_MIN((k + 1) * LNF_SUM_BLOCK, width), a->dwdb, a->dwdb_dtype);
+        lnf_fpenv_leave(env);
+    }
 }
 
 #undef F

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "array.h"
+#include "fpenv.h"
 #include "scratch.h"
 #include "threads.h"
 

@@ -92,9 +92,11 @@ int lnf_forward(const lnf_forward_args *a)
                           wide ? PARAM_ROWS : 0,
                           a->D, f64 ? 8 : 4) != LNF_OK)
         return LNF_ENOMEM;
+    lnf_fpenv env = lnf_fpenv_enter();
     if (f64)
         forward_rows_f64(&f, a->mean, a->rstd, s.sc);
     else
         forward_rows_f32(&f, a->mean, a->rstd, s.sc);
+    lnf_fpenv_leave(env);
     return lnf_scratch_end(&s);
 }

@@ -381,6 +381,7 @@ static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, ln
     }
 #pragma omp parallel num_threads(nt)
     {
+        lnf_fpenv env = lnf_fpenv_enter();
         lnf_scratch *mine = sc + omp_get_thread_num();
         const REAL *w = lnf_param(&a->weight, mine->params, D);
         const REAL *b = a->centered ? lnf_param(&a->bias, mine->params ? (REAL *)mine->params + D : NULL, D) : w;
@@ -388,6 +389,7 @@ static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, ln
         for (ptrdiff_t t = 0; t < nt; t++)
             F(forward_range)(f, w, b, mean_out, rstd_out, lnf_tile_start(t * M / nt, f->run),
                              lnf_tile_start((t + 1) * M / nt, f->run), mine);
+        lnf_fpenv_leave(env);
     }
 }
 
