@@ -5,8 +5,8 @@
  * values, and on rows whose outputs are subnormal, give the bytes they give
  * in the default environment, on one thread and on two, on every
  * instruction set, and the caller's
- * environment is as it was after each call.  x86-64 only (MXCSR); exits 0
- * with a note elsewhere.  Built and run by tests/test_c_api.py. */
+ * environment is as it was after each call.  x86-64 (MXCSR) and aarch64
+ * (FPCR); exits 0 with a note elsewhere.  Built and run by tests/test_c_api.py. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +15,21 @@
 
 #if defined(__SSE2__)
 #include <xmmintrin.h>
-#define FLUSH 0x8040u                           /* FTZ | DAZ */
+#define FLUSH 0x8040u                           /* MXCSR: FTZ | DAZ */
+static unsigned long long get_env(void) { return _mm_getcsr(); }
+static void set_env(unsigned long long v) { _mm_setcsr((unsigned)v); }
+#elif defined(__aarch64__) && defined(__GNUC__)
+#define FLUSH (1ULL << 24)                      /* FPCR: FZ */
+static unsigned long long get_env(void)
+{
+    unsigned long long v;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(v));
+    return v;
+}
+static void set_env(unsigned long long v) { __asm__ __volatile__("msr fpcr, %0" : : "r"(v)); }
+#endif
+
+#ifdef FLUSH
 
 enum { M = 48, D = 40, N = M * D };
 
@@ -60,7 +74,7 @@ static int run(int t, void *x, void *dy, void *w, double eps, int nthreads, char
 {
     size_t s = t == LNF_FLOAT64 ? 8 : 4;
     char *y = out, *mean = y + N * s, *rstd = mean + M * s, *dx = rstd + M * s, *dwdb = dx + N * s;
-    unsigned csr = _mm_getcsr();
+    unsigned long long csr = get_env();
     lnf_forward_args fa = {0};
     fa.x = arr(x, t, 2), fa.y = arr(y, t, 2), fa.weight = fa.bias = arr(w, t, 1);
     fa.weight_len = fa.bias_len = D, fa.mean = mean, fa.rstd = rstd;
@@ -71,8 +85,8 @@ static int run(int t, void *x, void *dy, void *w, double eps, int nthreads, char
     ba.M = M, ba.D = D, ba.centered = 1, ba.nthreads = nthreads, ba.nchunks = 3;
     if (lnf_forward(&fa) != LNF_OK || lnf_backward(&ba) != LNF_OK)
         exit(2);
-    if (_mm_getcsr() != csr) {
-        printf("the caller's MXCSR changed: %#x -> %#x\n", csr, _mm_getcsr());
+    if (get_env() != csr) {
+        printf("the caller's environment changed: %#llx -> %#llx\n", csr, get_env());
         return 1;
     }
     return 0;
@@ -82,8 +96,8 @@ static void set_flush(int on)
 {
     /* every thread of the team that the kernels' regions will reuse */
 #pragma omp parallel num_threads(2)
-    _mm_setcsr(on ? _mm_getcsr() | FLUSH : _mm_getcsr() & ~FLUSH);
-    _mm_setcsr(on ? _mm_getcsr() | FLUSH : _mm_getcsr() & ~FLUSH);
+    set_env(on ? get_env() | FLUSH : get_env() & ~FLUSH);
+    set_env(on ? get_env() | FLUSH : get_env() & ~FLUSH);
 }
 
 int main(void)
@@ -106,7 +120,7 @@ int main(void)
                 bad |= run(t, x, dy, w, e ? 1.0 : 0.0, nt, want);
                 set_flush(1);
                 bad |= run(t, x, dy, w, e ? 1.0 : 0.0, nt, got);
-                if (!(_mm_getcsr() & FLUSH)) {
+                if (!(get_env() & FLUSH)) {
                     printf("flush-to-zero not kept\n");
                     bad = 1;
                 }
@@ -127,7 +141,7 @@ int main(void)
 #else
 int main(void)
 {
-    printf("not x86-64: nothing checked\n");
+    printf("neither x86-64 nor aarch64: nothing checked\n");
     return 0;
 }
 #endif
