@@ -170,8 +170,10 @@ def test_forward_mode_and_second_derivatives_are_errors(rng):
     x = data(rng, (3, 8), np.float64)
     with pytest.raises(TypeError, match="forward-mode"):
         jax.jvp(lj.layer_norm, (x,), (x,))
-    with pytest.raises(Exception, match="FFI call to `lnfast_norm_.*` cannot be differentiated"):
+    with pytest.raises(TypeError, match="first derivatives only"):
         jax.grad(lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(lj.layer_norm(x) ** 3))(x)))(x)
+    with pytest.raises(TypeError, match="first derivatives only"):
+        jax.hessian(lambda x: jnp.sum(lj.add_layer_norm(x, x)[0] ** 3))(x)
 
 
 # --- vmap -----------------------------------------------------------------------
@@ -230,6 +232,20 @@ def test_vmap_over_weights(rng):
     (lambda x: lj.add_layer_norm(x, x.astype(np.float16)), TypeError, "residual must have x's dtype"),
     (lambda x: jax.jit(lambda x, e: lj.layer_norm(x, eps=e))(x, 1e-3), TypeError, "eps .*traced"),
     (lambda x: lj.rms_norm([[1.0]]), TypeError, "x must be a JAX or NumPy array"),
+    (lambda x: lj.layer_norm(jax.ShapeDtypeStruct(x.shape, x.dtype)), TypeError,
+     "x must be a JAX or NumPy array"),
+    (lambda x: lj.layer_norm(x, jax.ShapeDtypeStruct((8,), x.dtype)), TypeError,
+     "weight must be a JAX or NumPy array"),
+    (lambda x: lj.layer_norm(jax.random.split(jax.random.key(0), 32).reshape(4, 8)), TypeError,
+     "x must have dtype .* got key"),
+    (lambda x: lj.layer_norm(x, jax.random.split(jax.random.key(0), 8)), TypeError,
+     "weight must have dtype .* got key"),
+    (lambda x: lj.layer_norm(np.ma.array(x.astype(np.float64))), TypeError,
+     "x must not be a masked array"),
+    (lambda x: lj.add_layer_norm(x, np.ma.array(x)), TypeError,
+     "residual must not be a masked array"),
+    (lambda x: lj.layer_norm(x[:, :1], np.float32(2)), TypeError,
+     "weight must be a JAX or NumPy array"),
 ])
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
@@ -313,3 +329,71 @@ def test_float64_numpy_arguments_are_float32_without_x64(rng):
     # with x64 on, a float64 weight beside float32 x stays a clear TypeError
     with pytest.raises(TypeError, match="weight"):
         lj.layer_norm(x, w)
+
+
+SHARD_MAP = r"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import numpy as np, jax, jax.numpy as jnp
+import lnfast.jax as lj
+from jax.sharding import Mesh, PartitionSpec as P
+if not hasattr(jax, "shard_map"):
+    print("no jax.shard_map"); raise SystemExit(0)
+mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+rng = np.random.default_rng(0)
+x, r, dy = (rng.standard_normal((8, 32)).astype(np.float32) for _ in range(3))
+w, b = rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+def loss(norm):
+    return lambda x, w, b: jnp.sum(norm(x, w, b) * dy)
+layer_norm = lambda x, w, b: lj.layer_norm(x, w, b)
+add = lambda x, w, b: lj.add_layer_norm(x, r, w, b)[0] + lj.add_layer_norm(x, r, w, b)[1]
+for norm, rspec in ((layer_norm, None), (add, P("d"))):
+    sharded = jax.shard_map(norm if rspec is None else
+                            (lambda x, r_, w, b: lj.add_layer_norm(x, r_, w, b)[0]
+                             + lj.add_layer_norm(x, r_, w, b)[1]),
+                            mesh=mesh, out_specs=P("d"),
+                            in_specs=(P("d"), P(), P()) if rspec is None
+                            else (P("d"), P("d"), P(), P()))
+    f = sharded if rspec is None else (lambda x, w, b: sharded(x, r, w, b))
+    want = jax.grad(loss(norm), argnums=(0, 1, 2))(x, w, b)
+    got = jax.jit(jax.grad(loss(f), argnums=(0, 1, 2)))(x, w, b)
+    assert np.asarray(got[0]).tobytes() == np.asarray(want[0]).tobytes()   # rows: the same bits
+    for g, e in zip(got[1:], want[1:]):         # the shards' sums, added across the mesh
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+try:
+    jax.shard_map(lambda x: lj.layer_norm(x), mesh=mesh, in_specs=P("d"), out_specs=P())(x)
+except ValueError as e:
+    assert "replicat" in str(e), e
+else:
+    raise AssertionError("a varying result taken as replicated")
+print("ok")
+"""
+
+
+def test_shard_map_results_vary_as_x_and_replicated_weights_get_summed_gradients():
+    # Under jax.shard_map the custom calls' results vary over x's mesh axes
+    # (else JAX took them as replicated: gradients failed, out_specs=P()
+    # returned one shard); a replicated weight's gradient is the sum over
+    # the shards.
+    p = subprocess.run([sys.executable, "-c", SHARD_MAP], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0 and p.stdout.strip() in ("ok", "no jax.shard_map"), p.stderr[-3000:]
+
+
+def test_export_with_a_symbolic_batch():
+    export = pytest.importorskip("jax.export")
+    if not hasattr(export, "symbolic_shape"):
+        pytest.skip("jax.export has no symbolic shapes")
+    checks = [export.DisabledSafetyCheck.custom_call(name)
+              for name in ("lnfast_norm_forward", "lnfast_norm_backward")]
+    f = jax.jit(jax.value_and_grad(lambda x: jnp.sum(lj.layer_norm(x) ** 3)))
+    exported = export.export(f, disabled_checks=checks)(
+        jax.ShapeDtypeStruct(export.symbolic_shape("n, 12"), jnp.float32))
+    rng = np.random.default_rng(0)
+    for rows in (3, 5000):      # (a small and a large call, on the threads of a large one)
+        x = rng.standard_normal((rows, 12)).astype(np.float32)
+        for g, e in zip(exported.call(x), f(x)):
+            same(g, e)
+    with pytest.raises(ValueError, match="x's normalized axes must have known lengths"):
+        export.export(jax.jit(lj.rms_norm), disabled_checks=checks)(
+            jax.ShapeDtypeStruct(export.symbolic_shape("4, n"), jnp.float32))

@@ -46,7 +46,7 @@ def _got(dtype, written=False):
     """A dtype as an error names it: a byte order not the machine's said so
     (written: of an array lnfast writes into, which a converted copy would
     not serve)."""
-    if dtype.isnative:
+    if getattr(dtype, "isnative", True):     # (JAX's key types have no byte order)
         return str(dtype)
     if written:
         return f"{dtype.str} (not the machine's byte order, which lnfast writes)"

@@ -59,17 +59,23 @@ _LIB = _register()
 # --- checks (at trace time) ------------------------------------------------------
 
 def _array(name, a):
-    """The type check lnfast._checks' data and param take here: anything
-    with a dtype and a shape (jax.Array, numpy.ndarray, ...)."""
-    if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+    """The type check lnfast._checks' data and param take here: a jax.Array
+    (traced ones included) or a numpy.ndarray, not a masked one."""
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"{name} must not be a masked array (its mask would be ignored); "
+                        "pass a.filled(value) or a.data")
+    if not isinstance(a, (jax.Array, np.ndarray)):
         raise TypeError(f"{name} must be a JAX or NumPy array, got {type(a).__name__}")
     return a
 
 
 def _canonical(a):
     """A float64 NumPy array as JAX takes it (jnp.asarray): float32 with
-    jax_enable_x64 off, as for every jax.numpy function."""
-    return jnp.asarray(a) if isinstance(a, np.ndarray) and a.dtype == np.float64 else a
+    jax_enable_x64 off, as for every jax.numpy function.  (Masked arrays
+    are left for _array to refuse.)"""
+    if isinstance(a, np.ndarray) and a.dtype == np.float64 and not isinstance(a, np.ma.MaskedArray):
+        return jnp.asarray(a)
+    return a
 
 
 def _eps(eps):
@@ -87,8 +93,56 @@ def _plan(x, axis):
     """(normalized axes, their shape, whether they are x's last ones)."""
     _checks.data("x", x, _array)
     ax = _checks.axes(axis, x.ndim)
+    norm = tuple(x.shape[k] for k in ax)
+    if not all(isinstance(n, (int, np.integer)) for n in norm):
+        raise ValueError(f"x's normalized axes must have known lengths (symbolic sizes, as "
+                         f"jax.export takes them, only in the other axes), got shape {x.shape}")
     _checks.normalized("x", x, ax)
-    return ax, tuple(x.shape[k] for k in ax), ax == tuple(range(x.ndim - len(ax), x.ndim))
+    return ax, norm, ax == tuple(range(x.ndim - len(ax), x.ndim))
+
+
+def _threads_for(x, min_elements=_threads.PARALLEL_MIN_ELEMENTS):
+    """The thread count compiled into a call on x; where x's size is symbolic
+    (jax.export's shape polymorphism), the count for a large call."""
+    n = x.size
+    return _threads.threads_for(n if isinstance(n, (int, np.integer)) else min_elements,
+                                min_elements)
+
+
+# --- jax.shard_map: the manual mesh axes the arrays vary over ------------------------
+
+def _aval(a):
+    return jax.typeof(a) if hasattr(jax, "typeof") else None
+
+
+def _varying(a):
+    """The manual mesh axes a varies over inside jax.shard_map (JAX 0.10's
+    manual_axis_type; older JAX: none are tracked here)."""
+    mat = getattr(_aval(a), "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def _vary(*arrays):
+    """arrays, each made to vary over every axis any of them varies over,
+    outside the custom_vjp, so that the gradient of a replicated weight is
+    summed over those axes (the transpose of the cast)."""
+    axes = frozenset().union(*(_varying(a) for a in arrays))
+    out = []
+    for a in arrays:
+        more = tuple(sorted(axes - _varying(a), key=str))
+        out.append(jax.lax.pcast(a, more, to="varying") if more else a)
+    return out
+
+
+def _result(shape, dtype, like):
+    """A custom call's result of shape and dtype, varying as `like` does
+    (without which, under jax.shard_map, JAX would take it as replicated)."""
+    aval = _aval(like)
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None and mat.varying:     # (over like's mesh)
+        sharding = jax.sharding.NamedSharding(aval.sharding.mesh, jax.sharding.PartitionSpec())
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding, manual_axis_type=mat)
+    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 # --- the two custom calls ----------------------------------------------------------
@@ -97,33 +151,47 @@ def _empty(dtype):
     return jnp.zeros((0,), dtype)
 
 
+def _first_order(call, *arrays):
+    """call(*arrays), a custom call, where differentiating it (what a
+    gradient of a gradient does to the custom_vjp's passes) raises an error
+    that says what is missing, instead of JAX's advice to define a JVP."""
+    f = jax.custom_jvp(call)
+
+    @f.defjvp
+    def _(primals, tangents):
+        raise TypeError("lnfast.jax's functions have first derivatives only (jax.grad, "
+                        "jax.vjp): a gradient of a gradient, a Hessian or forward mode over "
+                        "them is not defined")
+    return f(*arrays)
+
+
 def _forward_call(x, r, w, b, eps, centered):
     """(y, z, mean, rstd) over x's last axis; z and mean empty where not
     computed.  w (and b, when centered) are vectors of length D."""
     lead = x.shape[:-1]
     ct = _checks.compute_dtype(np.dtype(x.dtype))
-    out = (jax.ShapeDtypeStruct(x.shape, x.dtype),
-           jax.ShapeDtypeStruct(x.shape if r is not None else (0,), x.dtype),
-           jax.ShapeDtypeStruct(lead if centered else (0,), ct),
-           jax.ShapeDtypeStruct(lead, ct))
-    call = _ffi.ffi_call("lnfast_norm_forward", out, vmap_method="broadcast_all")
-    return call(x, _empty(x.dtype) if r is None else r, w, b if centered else _empty(w.dtype),
-                eps=np.float64(eps), centered=np.int64(centered),
-                has_residual=np.int64(r is not None),
-                nthreads=np.int64(_threads.threads_for(x.size)))
+    out = (_result(x.shape, x.dtype, x),
+           _result(x.shape if r is not None else (0,), x.dtype, x),
+           _result(lead if centered else (0,), ct, x),
+           _result(lead, ct, x))
+    call = functools.partial(_ffi.ffi_call("lnfast_norm_forward", out, vmap_method="broadcast_all"),
+                             eps=np.float64(eps), centered=np.int64(centered),
+                             has_residual=np.int64(r is not None),
+                             nthreads=np.int64(_threads_for(x)))
+    return _first_order(call, x, _empty(x.dtype) if r is None else r, w,
+                        b if centered else _empty(w.dtype))
 
 
 def _backward_call(dy, x, mean, rstd, w, b, dz, centered):
     """(dx, dweight, dbias) over x's last axis: dweight and dbias in w's
     and b's dtypes, each rounded once from the float64 sums."""
     D = x.shape[-1]
-    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((D,), w.dtype),
-           jax.ShapeDtypeStruct((D,), b.dtype))
-    call = _ffi.ffi_call("lnfast_norm_backward", out, vmap_method="broadcast_all")
-    return call(dy, x, mean, rstd, w, _empty(x.dtype) if dz is None else dz,
-                centered=np.int64(centered), has_dz=np.int64(dz is not None),
-                nthreads=np.int64(_threads.threads_for(x.size,
-                                                       _threads.PARALLEL_MIN_ELEMENTS_BACKWARD)))
+    out = (_result(x.shape, x.dtype, x), _result((D,), w.dtype, x), _result((D,), b.dtype, x))
+    call = functools.partial(_ffi.ffi_call("lnfast_norm_backward", out, vmap_method="broadcast_all"),
+                             centered=np.int64(centered), has_dz=np.int64(dz is not None),
+                             nthreads=np.int64(_threads_for(
+                                 x, _threads.PARALLEL_MIN_ELEMENTS_BACKWARD)))
+    return _first_order(call, dy, x, mean, rstd, w, _empty(x.dtype) if dz is None else dz)
 
 
 # --- differentiable rows -------------------------------------------------------------
@@ -210,7 +278,8 @@ def _norm(x, weight, bias, eps, axis, centered):
     ax, norm, last = _plan(x, axis)
     eps = _eps(eps)
     w, b = _vectors(x, weight, bias, norm, centered)
-    y = _rows(_as_rows(x, ax, last, w.shape[0]), w, b, eps, centered)
+    x_rows, w, b = _vary(_as_rows(x, ax, last, w.shape[0]), w, b)
+    y = _rows(x_rows, w, b, eps, centered)
     return _from_rows(y, x.shape, ax, last)
 
 
@@ -325,5 +394,6 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: Optional[ArrayLike
     eps = _eps(eps)
     w, b = _vectors(x, weight, bias, norm, True)
     D = w.shape[0]
-    y, z = _add_rows(_as_rows(x, ax, last, D), _as_rows(residual, ax, last, D), w, b, eps)
+    y, z = _add_rows(*_vary(_as_rows(x, ax, last, D), _as_rows(residual, ax, last, D), w, b),
+                     eps)
     return _from_rows(y, x.shape, ax, last), _from_rows(z, x.shape, ax, last)
