@@ -647,6 +647,10 @@ def test_replace_norms_keeps_dtype_device_and_mode():
     (lambda x, w: lt.layer_norm(torch.nested.nested_tensor([x, x]), 8), TypeError, "input"),
     (lambda x, w: lt.rms_norm(x, 8, w.to_sparse()), TypeError, "weight"),
     (lambda x, w: lt.add_layer_norm(x, x.to_sparse(), 8), TypeError, "residual"),
+    (lambda x, w: lt.add_layer_norm(x.int(), x.int(), 8), TypeError, "^x must be float32"),
+    (lambda x, w: lt.add_layer_norm(x, x, 3), ValueError, "last axes of x, got x of shape"),
+    (lambda x, w: lt.layer_norm(x, ()), ValueError, "normalized_shape must name at least one"),
+    (lambda x, w: lt.layer_norm(x, 8, eps=True), TypeError, "eps"),
 ])
 def test_bad_input(gen, call, exc, match):
     x = randn(gen, 4, 8, dtype=torch.float32)
@@ -656,6 +660,61 @@ def test_bad_input(gen, call, exc, match):
         call(x, w)
     assert isinstance(info.value, RuntimeError)      # as torch.nn.functional raises
     assert torch.equal(x, before[0]) and torch.equal(w, before[1])
+
+
+def test_eps_may_be_a_0_d_tensor(gen):
+    # as torch.nn.functional takes it
+    x = randn(gen, 4, 8, dtype=torch.float32)
+    for f in (lt.layer_norm, lt.rms_norm):
+        assert torch.equal(f(x, 8, eps=torch.tensor(1e-3)), f(x, 8, eps=float(torch.tensor(1e-3))))
+
+
+def test_fx_symbolic_trace(gen):
+    # An FX Proxy takes the call, as for torch.nn.functional's functions: the
+    # graph records lnfast's function and gives its results.
+    x, r = randn(gen, 4, 8, dtype=torch.float32), randn(gen, 4, 8, dtype=torch.float32)
+    m = lt.replace_norms(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8),
+                                             torch.nn.RMSNorm(8)))
+    gm = torch.fx.symbolic_trace(m)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [lt.layer_norm, lt.rms_norm]
+    assert torch.equal(gm(x), m(x))
+    gm = torch.fx.symbolic_trace(lambda x, r: lt.add_layer_norm(x, r, 8))
+    for g, e in zip(gm(x, r), lt.add_layer_norm(x, r, 8)):
+        assert torch.equal(g, e)
+
+
+def test_onnx_export_after_replace_norms(gen):
+    # torch.onnx.export traces torch.nn.functional's LayerNorm in lnfast's
+    # place (lnfast's operators have no ONNX form): the same model as before.
+    import numpy as np
+
+    reference = pytest.importorskip("onnx.reference")
+    x, r = randn(gen, 3, 8, dtype=torch.float32), randn(gen, 3, 8, dtype=torch.float32)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear, self.norm = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+
+        def forward(self, x, r):
+            y, z = lt.add_layer_norm(self.linear(x), r, 8)
+            return self.norm(y) + z
+
+    block = lt.replace_norms(Block())
+    with torch.no_grad():
+        block.norm.weight.uniform_()
+        want = block(x, r)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(block, (x, r), buf, opset_version=17, dynamo=False,
+                          input_names=["x", "r"])
+    assert b"lnfast" not in buf.getvalue()
+    (got,) = reference.ReferenceEvaluator(buf.getvalue()).run(None, {"x": x.numpy(),
+                                                                      "r": r.numpy()})
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+    assert "lnfast" in str(torch.jit.trace(block, (x, r)).graph)     # (tracing alone: lnfast)
 
 
 # --- CUDA tensors (through DLPack to lnfast's CuPy kernels) ---------------------------

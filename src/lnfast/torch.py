@@ -508,17 +508,17 @@ def _quietly(check, *args):
         return check(*args)
 
 
-def _normalized(x, normalized_shape, params):
+def _normalized(x, normalized_shape, params, name="input"):
     """k, the number of trailing axes normalized, after the checks that
     torch.nn.functional makes (shapes) and those of lnfast (dtypes,
-    devices)."""
-    return _quietly(_checked, x, normalized_shape, params)
+    devices); x is called `name` in the messages."""
+    return _quietly(_checked, x, normalized_shape, params, name)
 
 
-def _checked(x, normalized_shape, params):
+def _checked(x, normalized_shape, params, name_x):
     if not isinstance(x, torch.Tensor):
-        raise _TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
-    _strided("input", x)
+        raise _TypeError(f"{name_x} must be a torch.Tensor, got {type(x).__name__}")
+    _strided(name_x, x)
     if type(normalized_shape) is int:
         shape = (normalized_shape,)
     elif type(normalized_shape) is tuple and all(type(n) is int for n in normalized_shape):
@@ -535,16 +535,19 @@ def _checked(x, normalized_shape, params):
                              f"got {normalized_shape!r}") from None
     k = len(shape)
     xshape = x.shape
-    if k == 0 or len(xshape) < k or xshape[len(xshape) - k:] != shape:
-        raise _ValueError(f"normalized_shape={list(shape)} must be the last axes of input, "
-                          f"got input of shape {list(xshape)}")
+    if k == 0:
+        raise _ValueError("normalized_shape must name at least one axis, got []")
+    if len(xshape) < k or xshape[len(xshape) - k:] != shape:
+        raise _ValueError(f"normalized_shape={list(shape)} must be the last axes of {name_x}, "
+                          f"got {name_x} of shape {list(xshape)}")
     if 0 in shape:
         raise _ValueError(f"normalized_shape must not be empty (D >= 1), got {list(shape)}")
     dtype, cuda = x.dtype, x.is_cuda
     if dtype not in _DTYPES:
-        raise _TypeError(f"input must be float32, float64, float16 or bfloat16, got {dtype}")
+        raise _TypeError(f"{name_x} must be float32, float64, float16 or bfloat16, got {dtype}")
     if not (cuda or x.is_cpu or x.is_meta):
-        raise _TypeError(f"input must be on the CPU or a CUDA device (or meta), got {x.device}")
+        raise _TypeError(f"{name_x} must be on the CPU or a CUDA device (or meta), "
+                         f"got {x.device}")
     for name, p in params:
         if p is None:
             continue
@@ -553,25 +556,52 @@ def _checked(x, normalized_shape, params):
         _strided(name, p)
         if p.dtype != dtype and p.dtype != torch.float32:
             also = "" if dtype == torch.float32 else " or float32"
-            raise _TypeError(f"{name} must have input's dtype ({dtype}){also}, got {p.dtype}")
+            raise _TypeError(f"{name} must have {name_x}'s dtype ({dtype}){also}, got {p.dtype}")
         if p.shape != shape:
             raise _ValueError(f"{name} must have shape {list(shape)} (normalized_shape), "
                               f"got {list(p.shape)}")
         if p.device != x.device:
-            raise _ValueError(f"{name} must be on input's device ({x.device}), got {p.device}")
+            raise _ValueError(f"{name} must be on {name_x}'s device ({x.device}), "
+                              f"got {p.device}")
     return k
 
 
 def _eps(eps):
-    """lnfast's check of eps, its exceptions as torch's too."""
+    """lnfast's check of eps, its exceptions as torch's too; a 0-d real
+    tensor is taken as its value, as torch.nn.functional takes it."""
     if torch.compiler.is_compiling():
         return eps      # (maybe a symbolic float: the kernels check it when they run)
+    if (isinstance(eps, torch.Tensor) and eps.dim() == 0 and eps.dtype.is_floating_point
+            and not eps.requires_grad):
+        eps = eps.item()
     try:
         return _checks.eps(eps)
     except TypeError as e:
         raise _TypeError(str(e)) from None
     except ValueError as e:
         raise _ValueError(str(e)) from None
+
+
+def _handled(args):
+    """Whether an argument is not a tensor but takes torch functions itself
+    (__torch_function__: an FX Proxy while torch.fx.symbolic_trace runs, a
+    tensor-like): the call is then handed to it, as torch.nn.functional's
+    functions hand theirs (an FX graph records the lnfast function)."""
+    return any(a is not None and not isinstance(a, torch.Tensor)
+               and hasattr(a, "__torch_function__") for a in args)
+
+
+def _exporting_to_onnx():
+    """Whether torch.onnx.export is tracing (either exporter): the functions
+    are then torch.nn.functional's, whose ONNX forms exist (lnfast's
+    operators have none)."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and onnx.is_in_onnx_export()
+
+
+def _as_sequence(normalized_shape):
+    """normalized_shape as torch.nn.functional takes it (an int is one axis)."""
+    return (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
 
 
 def _default_rms_eps(dtype):
@@ -616,6 +646,12 @@ def layer_norm(input: torch.Tensor, normalized_shape: Shape,
     y = _eager(input, normalized_shape, None, weight, bias, eps, 0)
     if y is not None:
         return y
+    if _handled((input, weight, bias)):
+        return torch.overrides.handle_torch_function(layer_norm, (input, weight, bias), input,
+                                                     normalized_shape, weight, bias, eps)
+    if _exporting_to_onnx():
+        return torch.nn.functional.layer_norm(input, _as_sequence(normalized_shape), weight, bias,
+                                              eps)
     k = _normalized(input, normalized_shape, (("weight", weight), ("bias", bias)))
     return _apply(input, None, weight, bias, k, _eps(eps), True)[0]
 
@@ -653,6 +689,11 @@ def rms_norm(input: torch.Tensor, normalized_shape: Shape,
     y = _eager(input, normalized_shape, None, weight, None, eps, 1)
     if y is not None:
         return y
+    if _handled((input, weight)):
+        return torch.overrides.handle_torch_function(rms_norm, (input, weight), input,
+                                                     normalized_shape, weight, eps)
+    if _exporting_to_onnx():
+        return torch.nn.functional.rms_norm(input, _as_sequence(normalized_shape), weight, eps)
     if (isinstance(weight, torch.Tensor) and isinstance(input, torch.Tensor)
             and weight.dtype in _DTYPES and weight.dtype not in (input.dtype, torch.float32)):
         weight = weight.to(input.dtype if input.dtype == torch.float64 else torch.float32)
@@ -694,7 +735,15 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sh
     yz = _eager(x, normalized_shape, residual, weight, bias, eps, 2)
     if yz is not None:
         return yz
-    k = _normalized(x, normalized_shape, (("weight", weight), ("bias", bias)))
+    if _handled((x, residual, weight, bias)):
+        return torch.overrides.handle_torch_function(add_layer_norm, (x, residual, weight, bias),
+                                                     x, residual, normalized_shape, weight, bias,
+                                                     eps)
+    if _exporting_to_onnx():
+        z = x + residual
+        return (torch.nn.functional.layer_norm(z, _as_sequence(normalized_shape), weight, bias,
+                                               eps), z)
+    k = _normalized(x, normalized_shape, (("weight", weight), ("bias", bias)), "x")
     _quietly(_residual, x, residual)
     return _apply(x, residual, weight, bias, k, _eps(eps), True)
 

@@ -34,6 +34,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -465,8 +466,9 @@ bool fits(PyObject *o, const Tensor &x, at::IntArrayRef sizes, bool f32, optiona
 // (y, z) for mode 2, through the lnfast::norm operator as torch.ops calls
 // it (the dispatcher: autograd, profiling, dispatch modes).  None where
 // the arguments are not all that this takes: anything else (other
-// tensors, devices, dtypes, shapes; a torch function mode) goes to
-// lnfast/torch.py's general path, which checks and names what is wrong.
+// tensors, devices, dtypes, shapes; a torch function mode; torch.jit.trace,
+// which torch.onnx.export runs) goes to lnfast/torch.py's general path,
+// which checks and names what is wrong.
 PyObject *eager(PyObject *, PyObject *const *args, Py_ssize_t nargs)
 {
     HANDLE_TH_ERRORS
@@ -475,7 +477,7 @@ PyObject *eager(PyObject *, PyObject *const *args, Py_ssize_t nargs)
                     ? PyLong_AsLongAndOverflow(args[6], &over) : -1;
     const Tensor *px = mode >= 0 && mode <= 2 && over == 0 ? cpu_tensor(args[0]) : nullptr;
     if (px == nullptr || lnf_type(px->scalar_type()) < 0
-        || at::impl::torch_function_mode_enabled())
+        || at::impl::torch_function_mode_enabled() || torch::jit::tracer::isTracing())
         Py_RETURN_NONE;
     Tensor x = *px;     // (its own reference, held while the GIL is released)
     int64_t k = trailing(args[1], x);
