@@ -212,7 +212,8 @@ def test_double_backward_is_an_error(gen):
     x = randn(gen, 4, 8, grad=True)
     (g,) = torch.autograd.grad(lt.layer_norm(x, 8).pow(2).sum(), x, create_graph=True)
     # PyTorch's own error for an operator without a derivative, naming it
-    with pytest.raises(RuntimeError, match=r"lnfast(::|\.)norm_backward"):
+    # (the Python kernels: the same words, not PyTorch's advice to register one)
+    with pytest.raises(RuntimeError, match=r"derivative for lnfast::norm_backward is not impl"):
         g.sum().backward()
 
 

@@ -251,6 +251,18 @@ def _op_backward(ctx, dy, dz, dmean, drstd, op=_norm_backward_op):
 
 
 _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+def _no_second_derivative(ctx, *grads):
+    # (the C++ kernels' node says it as PyTorch does for C++ operators)
+    raise RuntimeError("derivative for lnfast::norm_backward is not implemented: lnfast.torch "
+                       "computes first derivatives only (no gradient of a gradient)")
+
+
+# a gradient of the backward's outputs: an error that says so, not PyTorch's
+# advice to register a formula
+_norm_backward_op.register_autograd(_no_second_derivative,
+                                    setup_context=lambda ctx, inputs, output: None)
 _NORM = torch.ops.lnfast.norm.default
 _NORM_BACKWARD = torch.ops.lnfast.norm_backward.default
 
