@@ -49,10 +49,15 @@ def test_subnormal_values_keep_the_numpy_calls_bits(eps):
     # XLA runs custom calls with flush-to-zero on; the kernels do not flush.
     x = np.array([[1e-40, -1e-40, 2e-40, 0.0], [1e-38, -1e-38, 2e-38, 3e-39]], np.float32)
     dy = x[::-1].copy()
-    same(jax.jit(lambda x: lj.layer_norm(x, eps=eps))(x), lnfast.layer_norm(x, eps=eps))
-    _, mean, rstd = lnfast.layer_norm_forward(x, eps=eps)
-    grads = jax.jit(lambda x, dy: jax.vjp(lambda x: lj.layer_norm(x, eps=eps), x)[1](dy))(x, dy)
-    same(grads[0], lnfast.layer_norm_backward(dy, x, mean, rstd)[0])
+    w, b = np.full(4, 1e-3, np.float32), np.zeros(4, np.float32)
+    f = jax.jit(lambda x, w, b: lj.layer_norm(x, w, b, eps=eps))
+    same(f(x, w, b), lnfast.layer_norm(x, w, b, eps=eps))
+    _, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=eps)
+    grads = jax.jit(lambda *a: jax.vjp(f, *a)[1](dy))(x, w, b)
+    want = lnfast.layer_norm_backward(dy, x, mean, rstd, w)
+    assert np.any(want[2] != 0) and np.any(np.abs(want[2]) < np.finfo(np.float32).tiny)
+    for g, e in zip(grads, want):       # (dweight, dbias: rounded outside XLA's mode too)
+        same(g, e)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -103,13 +103,10 @@ def _gathered(L, a, idx):
 
 
 def rounded(total, dtype):
-    """float64 sums rounded once to `dtype` (16-bit: as the kernels round)."""
+    """float64 sums rounded once to `dtype`, as the kernels round them."""
     gpu = _checks.is_cupy(total)
     host = total.get() if gpu else total
-    if dtype in _checks.HALF_DTYPES:
-        out = _cpu.round_to_16bit(np.ascontiguousarray(host), dtype != np.float16).view(dtype)
-    else:
-        out = host.astype(dtype)
+    out = _cpu.round_sums(np.ascontiguousarray(host), dtype)
     if not gpu:
         return out
     import cupy

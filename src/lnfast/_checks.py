@@ -161,7 +161,7 @@ def eps(value):
             value = float(value)
         except OverflowError:           # an int past float64's range
             raise ValueError(f"eps must be finite and >= 0, got an integer of "
-                             f"{len(str(abs(value)))} digits") from None
+                             f"{value.bit_length()} bits") from None
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"eps must be finite and >= 0, got {value}")
     return value

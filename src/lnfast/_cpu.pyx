@@ -48,7 +48,7 @@ cdef extern from "cpu/lnfast_cpu.h" nogil:
     int lnf_select(int limit)
     const char* lnf_simd_name()
     int lnf_set_blocked(Py_ssize_t row_bytes, Py_ssize_t col_block, Py_ssize_t* old)
-    void lnf_round_to_16bit(const double* src, unsigned short* dst, Py_ssize_t n, int bfloat16)
+    void lnf_round_sums(const double* sums, void* out, Py_ssize_t n, int dtype)
     void lnf_parallel_copy(const void* src, void* dst, Py_ssize_t nbytes, int nthreads)
     int lnf_openmp()
     int lnf_max_threads()
@@ -84,10 +84,10 @@ lnf_select(LNF_BEST)
 
 def c_api_addresses():
     """The addresses of lnf_array_init, lnf_forward, lnf_backward and
-    lnf_round_to_16bit, for lnfast.jax's XLA FFI handlers (which link
+    lnf_round_sums, for lnfast.jax's XLA FFI handlers (which link
     nothing of their own)."""
     return (<size_t><void*>lnf_array_init, <size_t><void*>lnf_forward,
-            <size_t><void*>lnf_backward, <size_t><void*>lnf_round_to_16bit)
+            <size_t><void*>lnf_backward, <size_t><void*>lnf_round_sums)
 
 
 def build_info():
@@ -172,16 +172,14 @@ def convert(cnp.ndarray src, cnp.ndarray dst):
         raise TypeError("one of src, dst must be contiguous float32, the other 16-bit")
 
 
-def round_to_16bit(cnp.ndarray a, bint bfloat16):
-    """Contiguous float64 `a` rounded once to float16 or bfloat16 bits
-    (uint16, a's shape), as the backward pass rounds 16-bit dweight/dbias.
-    For tests."""
+def round_sums(cnp.ndarray a, dtype):
+    """Contiguous float64 sums `a` rounded once to `dtype` (one of the four;
+    a's shape), as the backward pass rounds dweight/dbias."""
     if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a):
         raise TypeError("a must be a C-contiguous float64 array")
-    cdef cnp.ndarray out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a),
-                                             cnp.NPY_UINT16, 0)
-    lnf_round_to_16bit(<const double*>cnp.PyArray_DATA(a), <unsigned short*>cnp.PyArray_DATA(out),
-                       cnp.PyArray_SIZE(a), bfloat16)
+    cdef cnp.ndarray out = np.empty_like(a, dtype=dtype)
+    lnf_round_sums(<const double*>cnp.PyArray_DATA(a), cnp.PyArray_DATA(out),
+                   cnp.PyArray_SIZE(a), dtype_of(out))
     return out
 
 

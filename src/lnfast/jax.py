@@ -154,7 +154,11 @@ def _empty(dtype):
 def _first_order(call, *arrays):
     """call(*arrays), a custom call, where differentiating it (what a
     gradient of a gradient does to the custom_vjp's passes) raises an error
-    that says what is missing, instead of JAX's advice to define a JVP."""
+    that says what is missing, instead of JAX's advice to define a JVP.
+    (Concrete arrays cannot be differentiated: they take the call as it is,
+    without custom_jvp's cost per eager call.)"""
+    if not any(isinstance(a, jax.core.Tracer) for a in arrays):
+        return call(*arrays)
     f = jax.custom_jvp(call)
 
     @f.defjvp

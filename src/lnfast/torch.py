@@ -19,8 +19,8 @@ the kernels as NumPy views (bfloat16 through a 16-bit integer view), and
 eager calls go through an `autograd.Function`, which costs less per call
 than the operators' Python dispatch (docs/torch.md).  Both give the same
 bits.  torch.func's transforms work on both (batching rules: _norm_vmap).
-Gradients of gradients are not computed: asking for them is PyTorch's
-error for `lnfast::norm_backward`, which has no derivative.
+Gradients of gradients are not computed: asking for them is an error
+naming `lnfast::norm_backward`, which has no derivative.
 """
 import ctypes
 import numbers
@@ -254,7 +254,8 @@ _norm_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 def _no_second_derivative(ctx, *grads):
-    # (the C++ kernels' node says it as PyTorch does for C++ operators)
+    """The derivative of lnfast::norm_backward: an error, in the words of the
+    C++ kernels' node (PyTorch's for a C++ operator without one)."""
     raise RuntimeError("derivative for lnfast::norm_backward is not implemented: lnfast.torch "
                        "computes first derivatives only (no gradient of a gradient)")
 
@@ -397,8 +398,8 @@ class _Norm(torch.autograd.Function):
                 or torch._C._are_functorch_transforms_active() or _batched(dy)
                 or _batched(dz)):
             # With create_graph, through the operator, which has no
-            # derivative: differentiating its result again is PyTorch's
-            # error naming it, not a silent zero.  (A bias of another dtype
+            # derivative: differentiating its result again is an error
+            # naming it, not a silent zero.  (A bias of another dtype
             # than dweight's too: _op_grads' second pass; and batched
             # gradients, of is_grads_batched or of vmap over autograd.grad:
             # its batching rule or PyTorch's loop over the batch.)
@@ -447,11 +448,7 @@ class _TransformedBackward(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         pass
 
-    @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError("the derivative for 'lnfast::norm_backward' is not "
-                                  "implemented: lnfast.torch computes no gradient of a "
-                                  "gradient (double backward)")
+    backward = staticmethod(_no_second_derivative)
 
 
 _norm_apply = super(torch.autograd.Function, _Norm).apply
@@ -582,7 +579,7 @@ def _eps(eps):
     """lnfast's check of eps, its exceptions as torch's too; a 0-d real
     tensor is taken as its value, as torch.nn.functional takes it."""
     if torch.compiler.is_compiling():
-        return eps      # (maybe a symbolic float: the kernels check it when they run)
+        return float(eps) if isinstance(eps, torch.Tensor) else eps      # (maybe a symbolic float: the kernels check it when they run)
     if (isinstance(eps, torch.Tensor) and eps.dim() == 0 and eps.dtype.is_floating_point
             and not eps.requires_grad):
         eps = eps.item()
@@ -599,16 +596,20 @@ def _handled(args):
     (__torch_function__: an FX Proxy while torch.fx.symbolic_trace runs, a
     tensor-like): the call is then handed to it, as torch.nn.functional's
     functions hand theirs (an FX graph records the lnfast function)."""
-    return any(a is not None and not isinstance(a, torch.Tensor)
-               and hasattr(a, "__torch_function__") for a in args)
+    for a in args:      # (a loop: cheaper per call than any() over a generator)
+        if a is not None and not isinstance(a, torch.Tensor) and hasattr(a, "__torch_function__"):
+            return True
+    return False
 
 
 def _exporting_to_onnx():
-    """Whether torch.onnx.export is tracing (either exporter): the functions
-    are then torch.nn.functional's, whose ONNX forms exist (lnfast's
-    operators have none)."""
+    """Whether torch.onnx.export is tracing the model (the TorchScript
+    exporter's torch.jit.trace, or torch.export's non-strict tracing): the
+    functions are then torch.nn.functional's, whose ONNX forms exist
+    (lnfast's operators have none)."""
     onnx = sys.modules.get("torch.onnx")
-    return onnx is not None and onnx.is_in_onnx_export()
+    return (onnx is not None and (torch.compiler.is_compiling() or torch.jit.is_tracing())
+            and onnx.is_in_onnx_export())
 
 
 def _as_sequence(normalized_shape):

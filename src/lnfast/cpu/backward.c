@@ -94,6 +94,32 @@ static inline void fold_grads(lnf_scratch *sc, double *dw, ptrdiff_t D, ptrdiff_
     }
 }
 
+/* out[j] = sums[j] rounded once to `dtype`, for j0 <= j < j1 (16-bit:
+ * through float32 rounded to odd). */
+static void round_sums(const double *sums, ptrdiff_t j0, ptrdiff_t j1, void *out, int dtype)
+{
+    if (dtype == LNF_FLOAT64) {
+        memcpy((double *)out + j0, sums + j0, (size_t)(j1 - j0) * sizeof(double));
+    } else if (dtype == LNF_FLOAT32) {
+        for (ptrdiff_t j = j0; j < j1; j++)
+            ((float *)out)[j] = (float)sums[j];
+    } else {
+        float odd[LNF_SUM_BLOCK];
+        for (ptrdiff_t j = j0, n; j < j1; j += n) {
+            n = LNF_MIN((ptrdiff_t)LNF_SUM_BLOCK, j1 - j);
+            lnf_f64_to_f32_odd_row(sums + j, odd, n);
+            lnf_kernels_for(dtype)->narrow(odd, (char *)((uint16_t *)out + j), 2, n);
+        }
+    }
+}
+
+void lnf_round_sums(const double *sums, void *out, ptrdiff_t n, int dtype)
+{
+    lnf_fpenv env = lnf_fpenv_enter();
+    round_sums(sums, 0, n, out, dtype);
+    lnf_fpenv_leave(env);
+}
+
 /* out[j] = the sum of part[c stride + j] over chunks c = 0, 1, ... in that
  * order (formed in part[j]), for j0 <= j < j1, rounded once to `dtype`:
  * chunk-outer, so the inner loops are contiguous. */
@@ -103,19 +129,7 @@ static void sum_partials(double *part, ptrdiff_t nchunks, ptrdiff_t stride, ptrd
     for (ptrdiff_t c = 1; c < nchunks; c++)
         for (ptrdiff_t j = j0; j < j1; j++)
             part[j] += part[c * stride + j];
-    if (dtype == LNF_FLOAT64) {
-        memcpy((double *)out + j0, part + j0, (size_t)(j1 - j0) * sizeof(double));
-    } else if (dtype == LNF_FLOAT32) {
-        for (ptrdiff_t j = j0; j < j1; j++)
-            ((float *)out)[j] = (float)part[j];
-    } else {    /* (through float32 rounded to odd: rounded once) */
-        float odd[LNF_SUM_BLOCK];
-        for (ptrdiff_t j = j0, n; j < j1; j += n) {
-            n = LNF_MIN((ptrdiff_t)LNF_SUM_BLOCK, j1 - j);
-            lnf_f64_to_f32_odd_row(part + j, odd, n);
-            lnf_kernels_for(dtype)->narrow(odd, (char *)((uint16_t *)out + j), 2, n);
-        }
-    }
+    round_sums(part, j0, j1, out, dtype);
 }
 
 /* out = the float32 sums g of a call's only run, rounded once to `dtype`:

@@ -5,7 +5,6 @@
  * rows go through F16C on x86-64 CPUs with it, and both types through
  * NEON on aarch64.  dispatch.c chooses; all give the same bits.  A strided
  * row (stride in bytes != 2) takes the portable code. */
-#include "fpenv.h"
 #include "halfconv.h"
 #include "kernels.h"
 #include "lnfast_cpu.h"
@@ -144,13 +143,4 @@ LNF_CLONES void lnf_f64_to_f32_odd_row(const double *__restrict src, float *__re
         uint32_t away = __builtin_fabs((double)f) > __builtin_fabs(v);
         dst[i] = lnf_float((lnf_bits(f) - (inexact & away)) | inexact);
     }
-}
-
-void lnf_round_to_16bit(const double *src, unsigned short *dst, ptrdiff_t n, int bfloat16)
-{
-    lnf_fpenv env = lnf_fpenv_enter();
-    for (ptrdiff_t i = 0; i < n; i++)
-        dst[i] = bfloat16 ? lnf_f32_to_bf16(lnf_f64_to_f32_odd(src[i]))
-                          : lnf_f32_to_f16(lnf_f64_to_f32_odd(src[i]));
-    lnf_fpenv_leave(env);
 }

@@ -5,7 +5,10 @@
  * started with; left as found, a row with subnormal values would give
  * bits that depend on the caller and on the thread that took it.  Each
  * entry point and each thread of a parallel region enters the default
- * environment and leaves it as it was (exception flags included). */
+ * environment and leaves it as it was (exception flags included).  The
+ * arithmetic between the two is in calls the compiler does not see into
+ * (the row operations through their dispatch table), so it is not moved
+ * across the switch. */
 #ifndef LNFAST_CPU_FPENV_H
 #define LNFAST_CPU_FPENV_H
 
@@ -27,10 +30,13 @@ static inline lnf_fpenv lnf_fpenv_enter(void)
 {
     lnf_fpenv old;
     __asm__ __volatile__("mrs %0, fpcr" : "=r"(old));
-    __asm__ __volatile__("msr fpcr, %0" : : "r"(0ULL));
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(0ULL) : "memory");
     return old;
 }
-static inline void lnf_fpenv_leave(lnf_fpenv old) { __asm__ __volatile__("msr fpcr, %0" : : "r"(old)); }
+static inline void lnf_fpenv_leave(lnf_fpenv old)
+{
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(old) : "memory");
+}
 #else
 typedef int lnf_fpenv;   /* (elsewhere the caller's environment stands) */
 static inline lnf_fpenv lnf_fpenv_enter(void) { return 0; }

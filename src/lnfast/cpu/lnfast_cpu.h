@@ -115,9 +115,9 @@ const char *lnf_simd_name(void);
  * row_bytes < 0 or col_block < 1).  The old values go to *old (or NULL). */
 int lnf_set_blocked(ptrdiff_t row_bytes, ptrdiff_t col_block, ptrdiff_t old[2]);
 
-/* float64 values rounded once to float16 or bfloat16 bits, through
- * float32 rounded to odd (as dweight and dbias are rounded). */
-void lnf_round_to_16bit(const double *src, unsigned short *dst, ptrdiff_t n, int bfloat16);
+/* n float64 sums rounded once to dtype (16-bit: through float32 rounded to
+ * odd), as lnf_backward rounds dweight and dbias. */
+void lnf_round_sums(const double *sums, void *out, ptrdiff_t n, int dtype);
 
 /* dst = src, on nthreads threads (the benchmarks' copy floor). */
 void lnf_parallel_copy(const void *src, void *dst, ptrdiff_t nbytes, int nthreads);

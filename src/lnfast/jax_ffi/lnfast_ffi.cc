@@ -3,7 +3,7 @@
 // Built by lnfast/jax.py on first use, against jaxlib's FFI headers
 // (jax.ffi.include_dir()) and lnfast's own C API header; it links nothing:
 // the addresses of lnf_array_init, lnf_forward, lnf_backward and
-// lnf_round_to_16bit come from the lnfast._cpu extension at load time
+// lnf_round_sums come from the lnfast._cpu extension at load time
 // (lnfast_ffi_set_api).
 //
 // Rows are the last axis of C-ordered buffers (XLA's default layout on the
@@ -33,7 +33,7 @@ namespace {
 int (*array_init)(lnf_array *, void *, int, int, const ptrdiff_t *, const ptrdiff_t *);
 int (*forward)(const lnf_forward_args *);
 int (*backward)(const lnf_backward_args *);
-void (*round_to_16bit)(const double *, unsigned short *, ptrdiff_t, int);
+void (*round_sums)(const double *, void *, ptrdiff_t, int);
 
 int lnf_type(ffi::DataType t)
 {
@@ -180,18 +180,6 @@ ffi::Error NormForward(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer
     return ffi::Error::Success();
 }
 
-// dweight and dbias of one batch from its float64 sums, each rounded once
-// to its own type (as the kernels round: 16-bit through lnf_round_to_16bit).
-void round_sums(const double *sums, void *out, int t, int64_t D)
-{
-    if (t == LNF_FLOAT64)
-        std::memcpy(out, sums, D * sizeof(double));
-    else if (t == LNF_FLOAT32)
-        for (int64_t j = 0; j < D; j++)
-            ((float *)out)[j] = (float)sums[j];
-    else
-        round_to_16bit(sums, (unsigned short *)out, D, t == LNF_BFLOAT16);
-}
 
 ffi::Error NormBackward(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer mean,
                         ffi::AnyBuffer rstd, ffi::AnyBuffer weight, ffi::AnyBuffer dz,
@@ -231,21 +219,23 @@ ffi::Error NormBackward(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer mean
             a.has_dz = (int)has_dz, a.centered = (int)centered, a.nthreads = (int)nthreads;
             TRY(status(backward(&a), "the backward pass"));
         }
-        round_sums(sums.data(), (char *)dw->untyped_data() + k * D * itemsize(wt), wt, D);
-        round_sums(sums.data() + D, (char *)db->untyped_data() + k * D * itemsize(bt), bt, D);
+        // (each rounded once to its own type as the kernels round, in their
+        // floating-point environment: XLA's threads flush subnormal values)
+        round_sums(sums.data(), (char *)dw->untyped_data() + k * D * itemsize(wt), D, wt);
+        round_sums(sums.data() + D, (char *)db->untyped_data() + k * D * itemsize(bt), D, bt);
     }
     return ffi::Error::Success();
 }
 
 }  // namespace
 
-extern "C" void lnfast_ffi_set_api(void *init, void *fwd, void *bwd, void *round16)
+extern "C" void lnfast_ffi_set_api(void *init, void *fwd, void *bwd, void *round)
 {
     array_init = (int (*)(lnf_array *, void *, int, int, const ptrdiff_t *,
                           const ptrdiff_t *))init;
     forward = (int (*)(const lnf_forward_args *))fwd;
     backward = (int (*)(const lnf_backward_args *))bwd;
-    round_to_16bit = (void (*)(const double *, unsigned short *, ptrdiff_t, int))round16;
+    round_sums = (void (*)(const double *, void *, ptrdiff_t, int))round;
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(lnfast_norm_forward, NormForward,

@@ -57,7 +57,7 @@ using torch::autograd::variable_list;
 int (*array_init)(lnf_array *, void *, int, int, const ptrdiff_t *, const ptrdiff_t *);
 int (*forward_rows)(const lnf_forward_args *);
 int (*backward_rows)(const lnf_backward_args *);
-void (*round_to_16bit)(const double *, unsigned short *, ptrdiff_t, int);
+void (*round_sums)(const double *, void *, ptrdiff_t, int);
 void *(*cache_malloc)(void *, size_t);
 void (*cache_free)(void *, void *, size_t);
 size_t cache_min = 0;
@@ -237,17 +237,12 @@ norm_cpu(const Tensor &x_, const optional<Tensor> &residual, const optional<Tens
 }
 
 // dweight or dbias of the normalized shape from its float64 sums, rounded
-// once to t (as lnfast._kernels rounds: 16-bit through lnf_round_to_16bit).
+// once to t as the kernels round them (lnf_round_sums: in their
+// floating-point environment, not the caller's).
 Tensor rounded(const double *sums, at::IntArrayRef norm, at::ScalarType t)
 {
     Tensor out = at::empty(norm, at::TensorOptions().dtype(t));
-    int64_t D = out.numel();
-    if (t == at::kDouble)
-        std::memcpy(out.data_ptr(), sums, D * sizeof(double));
-    else if (t == at::kFloat)
-        std::copy(sums, sums + D, out.data_ptr<float>());     // (each rounded to float)
-    else
-        round_to_16bit(sums, (unsigned short *)out.data_ptr(), D, t == at::kBFloat16);
+    round_sums(sums, out.data_ptr(), out.numel(), lnf_type(t));
     return out;
 }
 
@@ -537,7 +532,7 @@ TORCH_LIBRARY_IMPL(lnfast, AutogradCPU, m)
     m.impl("norm_backward", torch::autograd::autogradNotImplementedFallback());
 }
 
-extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *round16,
+extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *round,
                                      void *cmalloc, void *cfree, size_t cmin, PyObject *threads,
                                      int64_t bmin)
 {
@@ -545,7 +540,7 @@ extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *rou
                           const ptrdiff_t *))init;
     forward_rows = (int (*)(const lnf_forward_args *))fwd;
     backward_rows = (int (*)(const lnf_backward_args *))bwd;
-    round_to_16bit = (void (*)(const double *, unsigned short *, ptrdiff_t, int))round16;
+    round_sums = (void (*)(const double *, void *, ptrdiff_t, int))round;
     cache_malloc = (void *(*)(void *, size_t))cmalloc;
     cache_free = (void (*)(void *, void *, size_t))cfree;
     cache_min = cmin;
