@@ -23,14 +23,17 @@ DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 pytestmark = pytest.mark.skipif(not CPU.is_dir(), reason="needs the source tree")
 
 
-def build(tmp, name="api_check"):
+def build(tmp, name="api_check", first=()):
+    """tests/c_api/NAME.c with the kernel sources, with the flags `first`
+    and OpenMP where the compiler takes them."""
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler")
     sources = [str(ROOT / "tests" / "c_api" / f"{name}.c"), *map(str, sorted(CPU.glob("*.c")))]
     base = [cc, "-O2", "-ffp-contract=off", "-fno-math-errno", f"-I{CPU}", *sources, "-lm",
             "-o", str(tmp / name)]
-    for flags in (["-fopenmp"], []):        # OpenMP where the compiler has it
+    tries = [[*first, "-fopenmp"], ["-fopenmp"], []] if first else [["-fopenmp"], []]
+    for flags in tries:
         p = subprocess.run(base + flags, capture_output=True, text=True, timeout=600)
         if p.returncode == 0:
             return tmp / name
@@ -81,4 +84,14 @@ def test_flush_to_zero_on_the_calling_threads_changes_no_bit(tmp_path):
     # compute in the default environment and give the caller back its own.
     exe = build(tmp_path, "fpenv_check")
     p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_arguments_that_do_not_fit_are_refused_before_use(tmp_path):
+    # NULL blocks, negative lengths, misaligned outputs, huge D and thread
+    # counts: LNF_EINVAL or a clamp, never a crash (sanitized where possible)
+    exe = build(tmp_path, "bad_args_check",
+                ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"])
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stdout + p.stderr

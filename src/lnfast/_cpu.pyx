@@ -48,7 +48,7 @@ cdef extern from "cpu/lnfast_cpu.h" nogil:
     int lnf_select(int limit)
     const char* lnf_simd_name()
     int lnf_set_blocked(Py_ssize_t row_bytes, Py_ssize_t col_block, Py_ssize_t* old)
-    void lnf_round_sums(const double* sums, void* out, Py_ssize_t n, int dtype)
+    int lnf_round_sums(const double* sums, void* out, Py_ssize_t n, int dtype)
     void lnf_parallel_copy(const void* src, void* dst, Py_ssize_t nbytes, int nthreads)
     int lnf_openmp()
     int lnf_max_threads()
@@ -178,8 +178,9 @@ def round_sums(cnp.ndarray a, dtype):
     if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a):
         raise TypeError("a must be a C-contiguous float64 array")
     cdef cnp.ndarray out = np.empty_like(a, dtype=dtype)
-    lnf_round_sums(<const double*>cnp.PyArray_DATA(a), cnp.PyArray_DATA(out),
-                   cnp.PyArray_SIZE(a), dtype_of(out))
+    if lnf_round_sums(<const double*>cnp.PyArray_DATA(a), cnp.PyArray_DATA(out),
+                      cnp.PyArray_SIZE(a), dtype_of(out)) != LNF_OK:
+        raise ValueError("a must be aligned")
     return out
 
 

@@ -4,8 +4,12 @@
 int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_t *shape,
                    const ptrdiff_t *strides)
 {
-    if (dtype < 0 || dtype >= LNF_NDTYPES || ndim < 1)
+    if (a == NULL || shape == NULL || strides == NULL || dtype < 0 || dtype >= LNF_NDTYPES
+        || ndim < 1)
         return LNF_EINVAL;
+    for (int k = 0; k < ndim; k++)
+        if (shape[k] < 0)
+            return LNF_EINVAL;
     a->base = (char *)base;
     a->inner = strides[ndim - 1];
     a->dtype = dtype;

@@ -113,11 +113,15 @@ static void round_sums(const double *sums, ptrdiff_t j0, ptrdiff_t j1, void *out
     }
 }
 
-void lnf_round_sums(const double *sums, void *out, ptrdiff_t n, int dtype)
+int lnf_round_sums(const double *sums, void *out, ptrdiff_t n, int dtype)
 {
+    if (n < 0 || (n > 0 && (sums == NULL || out == NULL)) || dtype < 0 || dtype >= LNF_NDTYPES
+        || (uintptr_t)sums % 8 != 0 || (uintptr_t)out % (uintptr_t)lnf_itemsize(dtype) != 0)
+        return LNF_EINVAL;
     lnf_fpenv env = lnf_fpenv_enter();
     round_sums(sums, 0, n, out, dtype);
     lnf_fpenv_leave(env);
+    return LNF_OK;
 }
 
 /* out[j] = the sum of part[c stride + j] over chunks c = 0, 1, ... in that
@@ -166,9 +170,10 @@ static inline ptrdiff_t chunk_row(const lnf_bwd *b, ptrdiff_t c, ptrdiff_t nchun
 ptrdiff_t lnf_num_chunks(ptrdiff_t M, ptrdiff_t D)
 {
     ptrdiff_t by_rows = (M + LNF_MIN_ROWS_PER_CHUNK - 1) / LNF_MIN_ROWS_PER_CHUNK;
-    if (by_rows == 1 && M >= LNF_SPLIT_MIN_ROWS && M * D >= LNF_SPLIT_MIN_ELEMENTS)
+    if (by_rows == 1 && M >= LNF_SPLIT_MIN_ROWS && D >= LNF_SPLIT_MIN_ELEMENTS / M)
         by_rows = 2;
-    ptrdiff_t by_bytes = LNF_MAX(1, LNF_PARTIALS_BYTES / (16 * LNF_MAX(D, 1)));
+    /* (in a division, not a product: a D near PTRDIFF_MAX must not overflow) */
+    ptrdiff_t by_bytes = LNF_MAX(1, LNF_PARTIALS_BYTES / 16 / LNF_MAX(D, 1));
     return LNF_MAX(1, LNF_MIN(LNF_MAX_CHUNKS, LNF_MIN(by_rows, by_bytes)));
 }
 
@@ -214,9 +219,13 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
 
 int lnf_backward(const lnf_backward_args *a)
 {
+    if (a == NULL)
+        return LNF_EINVAL;
     int f32 = a->weight.dtype != LNF_FLOAT64;
-    if (a->D < 1 || a->M < 0 || a->nchunks < 0 || a->nchunks > LNF_MAX(a->M, LNF_MAX_CHUNKS)
-        || a->dwdb == NULL || a->dwdb_dtype < 0 || a->dwdb_dtype >= LNF_NDTYPES)
+    if (a->D < 1 || a->D > LNF_MAX_D || a->M < 0 || a->nchunks < 0
+        || a->nchunks > LNF_MAX(a->M, LNF_MAX_CHUNKS)
+        || a->dwdb == NULL || a->dwdb_dtype < 0 || a->dwdb_dtype >= LNF_NDTYPES
+        || (uintptr_t)a->dwdb % (uintptr_t)lnf_itemsize(a->dwdb_dtype) != 0)
         return LNF_EINVAL;
     ptrdiff_t half = a->D * lnf_itemsize(a->dwdb_dtype);
     if (a->M == 0) {
@@ -226,13 +235,14 @@ int lnf_backward(const lnf_backward_args *a)
     if (!lnf_rows_ok(&a->x, a->M, !f32) || !lnf_rows_ok(&a->dy, a->M, !f32)
         || !lnf_rows_ok(&a->dx, a->M, !f32)
         || (a->has_dz && !lnf_rows_ok(&a->dz, a->M, !f32)) || !lnf_vector_ok(&a->weight, !f32)
-        || a->rstd == NULL || (a->centered && a->mean == NULL))
+        || a->rstd == NULL || (a->centered && a->mean == NULL)
+        || (uintptr_t)a->rstd % (f32 ? 4 : 8) != 0 || (uintptr_t)a->mean % (f32 ? 4 : 8) != 0)
         return LNF_EINVAL;
     ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
     const lnf_array *rows[4] = {&a->x, &a->dy, a->has_dz ? &a->dz : NULL, &a->dx};
     lnf_bwd b = {a, lnf_kernels_for(a->x.dtype), lnf_kernels_for(f32 ? LNF_FLOAT32 : LNF_FLOAT64),
                  col_block, 0, 0, 0, 0, 0, 0, 0, 1};
-    b.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, nchunks));
+    b.nthreads = (int)LNF_MAX(1, LNF_MIN(LNF_MIN(a->nthreads, LNF_MAX_THREADS), nchunks));
     /* Direct and gathered rows give the same bits; tiles or rows, and
      * blocked sums, follow the inputs (x, dy, dz) alone, so that dx's
      * layout never changes a bit. */

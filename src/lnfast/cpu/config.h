@@ -58,6 +58,12 @@
 /* At most this many chunks of rows, each summed in row order, of at least
  * this many rows, and at most this many bytes of float64 partial rows. */
 #define LNF_MAX_CHUNKS 64
+/* The most threads a call uses (more are capped, fewer than 1 mean 1), as
+ * lnfast._threads caps them. */
+#define LNF_MAX_THREADS 1024
+/* The longest row the API takes: beyond any array, and short enough that
+ * the drivers' byte counts (a few times D times 8) cannot overflow. */
+#define LNF_MAX_D (PTRDIFF_MAX / 64)
 #define LNF_MIN_ROWS_PER_CHUNK 64
 #define LNF_PARTIALS_BYTES (16 << 20)
 /* Fewer rows than two chunks are still cut in two from this many rows and

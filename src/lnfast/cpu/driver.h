@@ -29,8 +29,8 @@ static inline ptrdiff_t lnf_itemsize(int dtype)
  * (float64 arithmetic: float64 only; float32: float32 or 16-bit). */
 static inline int lnf_rows_ok(const lnf_array *a, ptrdiff_t M, int f64)
 {
-    if (a->dtype < 0 || a->dtype >= LNF_NDTYPES || a->base == NULL
-        || (f64 ? a->dtype != LNF_FLOAT64 : a->dtype == LNF_FLOAT64))
+    if (a->dtype < 0 || a->dtype >= LNF_NDTYPES || a->base == NULL || a->nd < 0
+        || a->nd > LNF_MAX_LEAD || (f64 ? a->dtype != LNF_FLOAT64 : a->dtype == LNF_FLOAT64))
         return 0;
     ptrdiff_t n = 1, size = lnf_itemsize(a->dtype);
     for (int k = 0; k < a->nd; k++)

@@ -57,10 +57,12 @@ static int param_length_ok(const lnf_array *v, ptrdiff_t n, ptrdiff_t D)
 
 int lnf_forward(const lnf_forward_args *a)
 {
+    if (a == NULL)
+        return LNF_EINVAL;
     int f64 = a->weight.dtype == LNF_FLOAT64;
     lnf_fwd f = {a, NULL, NULL, a->weight_len, a->centered ? a->bias_len : a->weight_len,
                  0, 0, 0, 0, 0, 1};
-    if (a->D < 1 || a->M < 0)
+    if (a->D < 1 || a->D > LNF_MAX_D || a->M < 0)
         return LNF_EINVAL;
     if (a->M == 0)
         return LNF_OK;
@@ -69,7 +71,8 @@ int lnf_forward(const lnf_forward_args *a)
             && (!lnf_rows_ok(&a->residual, a->M, f64) || !lnf_rows_ok(&a->z, a->M, f64)))
         || !lnf_vector_ok(&a->weight, f64) || (a->centered && !lnf_vector_ok(&a->bias, f64))
         || !param_length_ok(&a->weight, f.wp, a->D)
-        || (a->centered && !param_length_ok(&a->bias, f.bp, a->D)))
+        || (a->centered && !param_length_ok(&a->bias, f.bp, a->D))
+        || (uintptr_t)a->mean % (f64 ? 8 : 4) != 0 || (uintptr_t)a->rstd % (f64 ? 8 : 4) != 0)
         return LNF_EINVAL;
     const lnf_array *rows[4] = {&a->x, a->has_residual ? &a->residual : NULL, &a->y,
                                 a->has_residual ? &a->z : NULL};
@@ -84,7 +87,7 @@ int lnf_forward(const lnf_forward_args *a)
     f.stream = f.direct ? lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
                                        a->M * a->D * lnf_itemsize(a->y.dtype))
                         : f.run && f.y_like && lnf_tile_streamed(&a->y, f.run, a->M, a->D);
-    f.nthreads = (int)LNF_MAX(1, LNF_MIN(a->nthreads, a->M));
+    f.nthreads = (int)LNF_MAX(1, LNF_MIN(LNF_MIN(a->nthreads, LNF_MAX_THREADS), a->M));
     int wide = !lnf_native(&a->weight) || (a->centered && !lnf_native(&a->bias));
     lnf_scratches s;
     if (lnf_scratch_begin(&s, f.nthreads,

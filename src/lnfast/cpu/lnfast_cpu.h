@@ -4,8 +4,9 @@
  * byte strides, over the normalized axis (the last), whose elements are
  * `inner` bytes apart.  LayerNorm (centered) and RMSNorm (not centered),
  * forward and backward, run over M rows of D elements on `nthreads`
- * OpenMP threads; results do not depend on the thread count, the
- * instruction set or the build (docs/design.md).
+ * OpenMP threads (fewer than 1: one; at most LNF_MAX_THREADS); results do
+ * not depend on the thread count, the instruction set or the build
+ * (docs/design.md).
  *
  * The functions return 0, or LNF_EINVAL (arguments that do not fit
  * together; nothing written) or LNF_ENOMEM (no memory for scratch; outputs
@@ -16,6 +17,7 @@
 #define LNFAST_CPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config.h"
 
@@ -40,8 +42,9 @@ typedef struct lnf_array {
 } lnf_array;
 
 /* Describe an array of `ndim` >= 1 axes whose last is normalized; byte
- * strides.  LNF_EINVAL for an unknown dtype or more than LNF_MAX_LEAD
- * leading axes that do not merge. */
+ * strides.  LNF_EINVAL for an unknown dtype, a negative length, NULL
+ * shape or strides, or more than LNF_MAX_LEAD leading axes that do not
+ * merge. */
 int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_t *shape,
                    const ptrdiff_t *strides);
 
@@ -116,8 +119,9 @@ const char *lnf_simd_name(void);
 int lnf_set_blocked(ptrdiff_t row_bytes, ptrdiff_t col_block, ptrdiff_t old[2]);
 
 /* n float64 sums rounded once to dtype (16-bit: through float32 rounded to
- * odd), as lnf_backward rounds dweight and dbias. */
-void lnf_round_sums(const double *sums, void *out, ptrdiff_t n, int dtype);
+ * odd), as lnf_backward rounds dweight and dbias; LNF_EINVAL for an
+ * unknown dtype, n < 0 or misaligned arrays. */
+int lnf_round_sums(const double *sums, void *out, ptrdiff_t n, int dtype);
 
 /* dst = src, on nthreads threads (the benchmarks' copy floor). */
 void lnf_parallel_copy(const void *src, void *dst, ptrdiff_t nbytes, int nthreads);

@@ -33,7 +33,7 @@ namespace {
 int (*array_init)(lnf_array *, void *, int, int, const ptrdiff_t *, const ptrdiff_t *);
 int (*forward)(const lnf_forward_args *);
 int (*backward)(const lnf_backward_args *);
-void (*round_sums)(const double *, void *, ptrdiff_t, int);
+int (*round_sums)(const double *, void *, ptrdiff_t, int);
 
 int lnf_type(ffi::DataType t)
 {
@@ -235,7 +235,7 @@ extern "C" void lnfast_ffi_set_api(void *init, void *fwd, void *bwd, void *round
                           const ptrdiff_t *))init;
     forward = (int (*)(const lnf_forward_args *))fwd;
     backward = (int (*)(const lnf_backward_args *))bwd;
-    round_sums = (void (*)(const double *, void *, ptrdiff_t, int))round;
+    round_sums = (int (*)(const double *, void *, ptrdiff_t, int))round;
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(lnfast_norm_forward, NormForward,

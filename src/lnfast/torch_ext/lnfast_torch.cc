@@ -57,7 +57,7 @@ using torch::autograd::variable_list;
 int (*array_init)(lnf_array *, void *, int, int, const ptrdiff_t *, const ptrdiff_t *);
 int (*forward_rows)(const lnf_forward_args *);
 int (*backward_rows)(const lnf_backward_args *);
-void (*round_sums)(const double *, void *, ptrdiff_t, int);
+int (*round_sums)(const double *, void *, ptrdiff_t, int);
 void *(*cache_malloc)(void *, size_t);
 void (*cache_free)(void *, void *, size_t);
 size_t cache_min = 0;
@@ -540,7 +540,7 @@ extern "C" void lnfast_torch_set_api(void *init, void *fwd, void *bwd, void *rou
                           const ptrdiff_t *))init;
     forward_rows = (int (*)(const lnf_forward_args *))fwd;
     backward_rows = (int (*)(const lnf_backward_args *))bwd;
-    round_sums = (void (*)(const double *, void *, ptrdiff_t, int))round;
+    round_sums = (int (*)(const double *, void *, ptrdiff_t, int))round;
     cache_malloc = (void *(*)(void *, size_t))cmalloc;
     cache_free = (void (*)(void *, void *, size_t))cfree;
     cache_min = cmin;

@@ -1,0 +1,129 @@
+/* The C API refuses arguments that do not fit with LNF_EINVAL, before it
+ * reads or writes through them: NULL argument blocks, shapes and strides,
+ * negative lengths, leading-axis counts set by hand, misaligned mean, rstd
+ * and dwdb, unknown dtypes for lnf_round_sums; a D near PTRDIFF_MAX gives
+ * no arithmetic trap; thread counts out of range are clamped.  Built and
+ * run by tests/test_c_api.py, with AddressSanitizer and UBSan where the
+ * compiler has them. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lnfast_cpu.h"
+
+enum { M = 6, D = 8 };
+static int bad = 0;
+
+static void expect(int got, int want, const char *what)
+{
+    if (got != want) {
+        printf("%s: got %d, expected %d\n", what, got, want);
+        bad = 1;
+    }
+}
+
+static double xs[M * D + 1], ys[M * D + 1], w[D], st[2 * M + 2], dwdb[2 * D + 1];
+
+static lnf_forward_args forward_args(void)
+{
+    lnf_forward_args f;
+    memset(&f, 0, sizeof f);
+    ptrdiff_t shape[2] = {M, D}, strides[2] = {D * 8, 8}, vs[1] = {D}, vt[1] = {8};
+    lnf_array_init(&f.x, xs, LNF_FLOAT64, 2, shape, strides);
+    lnf_array_init(&f.y, ys, LNF_FLOAT64, 2, shape, strides);
+    lnf_array_init(&f.weight, w, LNF_FLOAT64, 1, vs, vt);
+    f.bias = f.weight;
+    f.weight_len = f.bias_len = D;
+    f.mean = st, f.rstd = st + M;
+    f.M = M, f.D = D, f.eps = 1e-5, f.centered = 1, f.nthreads = 2;
+    return f;
+}
+
+static lnf_backward_args backward_args(void)
+{
+    lnf_forward_args f = forward_args();
+    lnf_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.x = f.x, b.dy = f.x, b.dx = f.y, b.weight = f.weight;
+    b.mean = st, b.rstd = st + M, b.dwdb = dwdb, b.dwdb_dtype = LNF_FLOAT64;
+    b.M = M, b.D = D, b.centered = 1, b.nthreads = 2;
+    return b;
+}
+
+int main(void)
+{
+    for (int i = 0; i < M * D; i++)
+        xs[i] = (i * 37 % 11) - 5.0;
+    for (int i = 0; i < D; i++)
+        w[i] = 1.0;
+    lnf_array a;
+    ptrdiff_t neg[3] = {-2, -3, D}, strides[3] = {3 * D * 8, D * 8, 8};
+    expect(lnf_array_init(&a, xs, LNF_FLOAT64, 3, neg, strides), LNF_EINVAL, "negative shape");
+    expect(lnf_array_init(&a, xs, LNF_FLOAT64, 2, NULL, NULL), LNF_EINVAL, "NULL shape");
+    expect(lnf_array_init(NULL, xs, LNF_FLOAT64, 2, neg + 1, strides + 1), LNF_EINVAL,
+           "NULL array");
+    expect(lnf_forward(NULL), LNF_EINVAL, "NULL forward arguments");
+    expect(lnf_backward(NULL), LNF_EINVAL, "NULL backward arguments");
+
+    lnf_forward_args f = forward_args();
+    expect(lnf_forward(&f), LNF_OK, "a good forward call");
+    f.x.nd = 1000;
+    expect(lnf_forward(&f), LNF_EINVAL, "nd set by hand past LNF_MAX_LEAD");
+    f = forward_args();
+    f.x.nd = -1;
+    expect(lnf_forward(&f), LNF_EINVAL, "negative nd");
+    f = forward_args();
+    f.mean = (char *)st + 1;
+    expect(lnf_forward(&f), LNF_EINVAL, "misaligned mean");
+    f = forward_args();
+    f.rstd = (char *)(st + M) + 4;
+    expect(lnf_forward(&f), LNF_EINVAL, "misaligned rstd");
+    for (int k = 0; k < 4; k++) {       /* clamped, the same bytes */
+        static const int counts[4] = {0, -1, INT32_MIN, INT32_MAX};
+        double want[M * D];
+        f = forward_args();
+        f.nthreads = 1;
+        lnf_forward(&f);
+        memcpy(want, ys, sizeof want);
+        f.nthreads = counts[k];
+        expect(lnf_forward(&f), LNF_OK, "a thread count out of range");
+        if (memcmp(want, ys, sizeof want) != 0) {
+            printf("thread count %d: other bytes\n", counts[k]);
+            bad = 1;
+        }
+    }
+
+    lnf_backward_args b = backward_args();
+    f = forward_args();
+    lnf_forward(&f);
+    expect(lnf_backward(&b), LNF_OK, "a good backward call");
+    b.dwdb = (char *)dwdb + 1;
+    expect(lnf_backward(&b), LNF_EINVAL, "misaligned dwdb");
+    b = backward_args();
+    b.rstd = (char *)(st + M) + 2;
+    expect(lnf_backward(&b), LNF_EINVAL, "misaligned rstd (backward)");
+    b = backward_args();
+    b.nthreads = INT32_MAX;
+    expect(lnf_backward(&b), LNF_OK, "a huge thread count (backward)");
+    b = backward_args();
+    b.D = (ptrdiff_t)1 << 60;       /* refused before any byte count could overflow */
+    expect(lnf_backward(&b), LNF_EINVAL, "D of 2**60 (backward)");
+    f = forward_args();
+    f.D = f.weight_len = f.bias_len = PTRDIFF_MAX;
+    expect(lnf_forward(&f), LNF_EINVAL, "D of PTRDIFF_MAX (forward)");
+    if (lnf_num_chunks(1, (ptrdiff_t)1 << 60) < 1 || lnf_num_chunks(1 << 20, PTRDIFF_MAX) < 1) {
+        printf("lnf_num_chunks of a huge D\n");
+        bad = 1;
+    }
+
+    uint16_t out16[4];
+    double sums[4] = {1.0, -2.0, 0.5, 3.0};
+    expect(lnf_round_sums(sums, out16, 4, 7), LNF_EINVAL, "lnf_round_sums of dtype 7");
+    expect(lnf_round_sums(sums, out16, 4, -1), LNF_EINVAL, "lnf_round_sums of dtype -1");
+    expect(lnf_round_sums(sums, out16, -1, LNF_BFLOAT16), LNF_EINVAL, "lnf_round_sums of n -1");
+    expect(lnf_round_sums(sums, (char *)out16 + 1, 2, LNF_BFLOAT16), LNF_EINVAL,
+           "lnf_round_sums into a misaligned output");
+    expect(lnf_round_sums(sums, out16, 4, LNF_BFLOAT16), LNF_OK, "lnf_round_sums");
+    printf("%s\n", bad ? "WRONG" : "every bad argument refused");
+    return bad;
+}
