@@ -105,11 +105,21 @@ def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
 
 def test_a_bad_thread_count_variable_is_reported_not_a_traceback():
     env = {**os.environ, "LNFAST_NUM_THREADS": "abc"}
-    for command, status in (("config", 0), ("check", 2)):
+    for command, status in (("config", 0), ("check", 2), ("bench", 2)):
         p = subprocess.run([sys.executable, "-m", "lnfast", command], capture_output=True,
                            text=True, timeout=300, env=env)
         assert p.returncode == status and "Traceback" not in p.stderr
         assert "LNFAST_NUM_THREADS" in p.stdout + p.stderr
+
+
+def test_check_refuses_a_negative_seed():
+    p = run("check", "--seed", "-1")
+    assert p.returncode == 2 and "--seed" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_bench_says_when_shapes_do_not_fit_in_memory():
+    p = run("bench", "--shapes", "1000000x1000000", "--dtypes", "float32", "--no-numpy")
+    assert p.returncode == 1 and "not enough memory" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_a_bad_cache_limit_names_the_variable():
