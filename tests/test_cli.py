@@ -98,7 +98,8 @@ def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
     for option, value in (("--threads", "0"), ("--threads", "2000"), ("--repeat", "0"),
                           ("--repeat", "-1"), ("--rounds", "0"),
                           ("--json", str(tmp_path / "no" / "x.json")),
-                          ("--plot", str(tmp_path / "no" / "x.png"))):
+                          ("--plot", str(tmp_path / "no" / "x.png")),
+                          ("--json", str(tmp_path)), ("--plot", str(tmp_path))):
         p = run("bench", option, value)
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr
 
