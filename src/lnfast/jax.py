@@ -94,19 +94,24 @@ def _plan(x, axis):
     _checks.data("x", x, _array)
     ax = _checks.axes(axis, x.ndim)
     norm = tuple(x.shape[k] for k in ax)
-    if not all(isinstance(n, (int, np.integer)) for n in norm):
+    if not all(_known(n) for n in norm):
         raise ValueError(f"x's normalized axes must have known lengths (symbolic sizes, as "
                          f"jax.export takes them, only in the other axes), got shape {x.shape}")
     _checks.normalized("x", x, ax)
     return ax, norm, ax == tuple(range(x.ndim - len(ax), x.ndim))
 
 
+def _known(n):
+    """Whether a size is a number, not symbolic (jax.export's shape
+    polymorphism)."""
+    return isinstance(n, (int, np.integer))
+
+
 def _threads_for(x, min_elements=_threads.PARALLEL_MIN_ELEMENTS):
     """The thread count compiled into a call on x; where x's size is symbolic
     (jax.export's shape polymorphism), the count for a large call."""
     n = x.size
-    return _threads.threads_for(n if isinstance(n, (int, np.integer)) else min_elements,
-                                min_elements)
+    return _threads.threads_for(n if _known(n) else min_elements, min_elements)
 
 
 # --- jax.shard_map: the manual mesh axes the arrays vary over ------------------------

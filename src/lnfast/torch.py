@@ -579,7 +579,8 @@ def _eps(eps):
     """lnfast's check of eps, its exceptions as torch's too; a 0-d real
     tensor is taken as its value, as torch.nn.functional takes it."""
     if torch.compiler.is_compiling():
-        return float(eps) if isinstance(eps, torch.Tensor) else eps      # (maybe a symbolic float: the kernels check it when they run)
+        # (maybe a symbolic float: the kernels check it when they run)
+        return float(eps) if isinstance(eps, torch.Tensor) else eps
     if (isinstance(eps, torch.Tensor) and eps.dim() == 0 and eps.dtype.is_floating_point
             and not eps.requires_grad):
         eps = eps.item()

@@ -116,7 +116,7 @@ static void round_sums(const double *sums, ptrdiff_t j0, ptrdiff_t j1, void *out
 int lnf_round_sums(const double *sums, void *out, ptrdiff_t n, int dtype)
 {
     if (n < 0 || (n > 0 && (sums == NULL || out == NULL)) || dtype < 0 || dtype >= LNF_NDTYPES
-        || (uintptr_t)sums % 8 != 0 || (uintptr_t)out % (uintptr_t)lnf_itemsize(dtype) != 0)
+        || !lnf_aligned(sums, 8) || !lnf_aligned(out, lnf_itemsize(dtype)))
         return LNF_EINVAL;
     lnf_fpenv env = lnf_fpenv_enter();
     round_sums(sums, 0, n, out, dtype);
@@ -225,7 +225,7 @@ int lnf_backward(const lnf_backward_args *a)
     if (a->D < 1 || a->D > LNF_MAX_D || a->M < 0 || a->nchunks < 0
         || a->nchunks > LNF_MAX(a->M, LNF_MAX_CHUNKS)
         || a->dwdb == NULL || a->dwdb_dtype < 0 || a->dwdb_dtype >= LNF_NDTYPES
-        || (uintptr_t)a->dwdb % (uintptr_t)lnf_itemsize(a->dwdb_dtype) != 0)
+        || !lnf_aligned(a->dwdb, lnf_itemsize(a->dwdb_dtype)))
         return LNF_EINVAL;
     ptrdiff_t half = a->D * lnf_itemsize(a->dwdb_dtype);
     if (a->M == 0) {
@@ -236,7 +236,7 @@ int lnf_backward(const lnf_backward_args *a)
         || !lnf_rows_ok(&a->dx, a->M, !f32)
         || (a->has_dz && !lnf_rows_ok(&a->dz, a->M, !f32)) || !lnf_vector_ok(&a->weight, !f32)
         || a->rstd == NULL || (a->centered && a->mean == NULL)
-        || (uintptr_t)a->rstd % (f32 ? 4 : 8) != 0 || (uintptr_t)a->mean % (f32 ? 4 : 8) != 0)
+        || !lnf_aligned(a->rstd, f32 ? 4 : 8) || !lnf_aligned(a->mean, f32 ? 4 : 8))
         return LNF_EINVAL;
     ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
     const lnf_array *rows[4] = {&a->x, &a->dy, a->has_dz ? &a->dz : NULL, &a->dx};

@@ -24,6 +24,12 @@ static inline ptrdiff_t lnf_itemsize(int dtype)
     return dtype == LNF_FLOAT64 ? 8 : dtype == LNF_FLOAT32 ? 4 : 2;
 }
 
+/* Whether p is aligned to `size` bytes. */
+static inline int lnf_aligned(const void *p, ptrdiff_t size)
+{
+    return (uintptr_t)p % (uintptr_t)size == 0;
+}
+
 /* Whether a C caller's array of rows fits the call: a known dtype, data,
  * aligned elements, `M` rows, and a dtype the compute type can read
  * (float64 arithmetic: float64 only; float32: float32 or 16-bit). */
@@ -35,7 +41,7 @@ static inline int lnf_rows_ok(const lnf_array *a, ptrdiff_t M, int f64)
     ptrdiff_t n = 1, size = lnf_itemsize(a->dtype);
     for (int k = 0; k < a->nd; k++)
         n *= a->shape[k];
-    return n == M && (uintptr_t)a->base % (uintptr_t)size == 0 && a->inner % size == 0;
+    return n == M && lnf_aligned(a->base, size) && a->inner % size == 0;
 }
 
 /* Whether a weight or bias vector fits: one row; contiguous in the compute

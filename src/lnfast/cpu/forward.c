@@ -72,7 +72,7 @@ int lnf_forward(const lnf_forward_args *a)
         || !lnf_vector_ok(&a->weight, f64) || (a->centered && !lnf_vector_ok(&a->bias, f64))
         || !param_length_ok(&a->weight, f.wp, a->D)
         || (a->centered && !param_length_ok(&a->bias, f.bp, a->D))
-        || (uintptr_t)a->mean % (f64 ? 8 : 4) != 0 || (uintptr_t)a->rstd % (f64 ? 8 : 4) != 0)
+        || !lnf_aligned(a->mean, f64 ? 8 : 4) || !lnf_aligned(a->rstd, f64 ? 8 : 4))
         return LNF_EINVAL;
     const lnf_array *rows[4] = {&a->x, a->has_residual ? &a->residual : NULL, &a->y,
                                 a->has_residual ? &a->z : NULL};
