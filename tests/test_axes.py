@@ -154,6 +154,50 @@ def test_strided_and_read_only_inputs(rng):
     assert err(lnfast.layer_norm(t, w, axis=1), y.astype(np.float64)) < 2e-6
 
 
+def unaligned(a):
+    """A copy of `a`, strides and all, one byte into a buffer: not aligned."""
+    lo = sum(st * (n - 1) for st, n in zip(a.strides, a.shape) if st < 0)
+    hi = sum(st * (n - 1) for st, n in zip(a.strides, a.shape) if st > 0)
+    buf = np.zeros(hi - lo + a.itemsize + 1, np.uint8)
+    u = np.ndarray(a.shape, a.dtype, buf, 1 - lo, a.strides)
+    u[...] = a
+    assert not u.flags.aligned and u.strides == a.strides
+    return u
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("layout", ["C", "channels-last", "reversed", "sparse"])
+def test_unaligned_inputs_give_the_bits_of_aligned_ones(rng, dtype, layout):
+    """The layout chooses the kernel (tiles for channels first): an
+    unaligned input, as a Dask worker may get from the network, gives the
+    bits of an aligned one of the same strides, any argument of it."""
+    x, w, b, dy = data(rng, (3, 40, 6, 7), dtype, (1,))
+    r = rng.standard_normal(x.shape).astype(dtype)
+    if layout == "channels-last":
+        x, dy, r = (np.transpose(a, (0, 2, 3, 1)).copy().transpose(0, 3, 1, 2) for a in (x, dy, r))
+    elif layout == "reversed":
+        x, dy, r = x[:, ::-1, ::-1], dy[:, ::-1, ::-1], r[:, ::-1, ::-1]
+    elif layout == "sparse":                      # compacted when copied, in its own order
+        x, dy, r = (np.repeat(a, 3, axis=3)[..., ::3] for a in (x, dy, r))
+
+    def run(x, dy, r):
+        y, mean, rstd = lnfast.layer_norm_forward(x, w, b, axis=1)
+        return ((y, mean, rstd) + lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=1)
+                + lnfast.add_layer_norm_forward(x, r, w, b, axis=1)
+                + lnfast.rms_norm_forward(x, w, axis=1)
+                + lnfast.rms_norm_backward(dy, x, rstd, w, axis=1))
+
+    expected = run(x, dy, r)
+    for args in [(unaligned(x), dy, r), (x, unaligned(dy), r), (x, dy, unaligned(r)),
+                 (unaligned(x), unaligned(dy), unaligned(r))]:
+        got = run(*args)
+        for a, e in zip(got, expected):
+            if layout == "sparse":
+                assert err(a, e.astype(np.float64)) < BWD_TOL[dtype]
+            else:
+                assert np.array_equal(a, e)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, ml_dtypes.bfloat16])
 def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
     """Channels-first rows run by tiles; runs of 7x7 = 49 rows end in short

@@ -207,10 +207,36 @@ cdef inline bint ordinary_param(object p, int t, int ct, cnp.ndarray x):
 
 def kernel_view(a):
     """`a` itself when the kernels can address it (aligned, at most
-    LNF_MAX_LEAD leading axes; any strides), else an aligned C copy."""
-    if a is None or (a.flags.aligned and a.ndim <= LNF_MAX_LEAD + 1):
+    LNF_MAX_LEAD leading axes; any strides), else an aligned copy: of the
+    same strides (same_strides), or C-ordered with its rows merged where
+    it has more leading axes."""
+    if a is None:
+        return a
+    if not a.flags.aligned:
+        a = same_strides(a)
+    if a.ndim <= LNF_MAX_LEAD + 1:
         return a
     return np.array(a, order="C").reshape(-1, a.shape[-1])
+
+
+def same_strides(a):
+    """An aligned copy of `a` with a's strides, so that its layout, which
+    chooses the kernel (the tile kernels for rows far apart) and so the
+    bits, is a's; where those strides are not whole elements or would span
+    more than twice a's elements, a compact copy in a's own axis order."""
+    cdef Py_ssize_t isz = a.itemsize, lo = 0, hi = 0
+    if a.size and all(st % isz == 0 for st in a.strides):
+        for st, n in zip(a.strides, a.shape):
+            if st < 0:
+                lo += st * (n - 1)
+            else:
+                hi += st * (n - 1)
+        if (hi - lo) // isz < 2 * a.size:
+            c = np.ndarray(a.shape, a.dtype, np.empty((hi - lo) // isz + 1, a.dtype), -lo,
+                           a.strides)
+            c[...] = a
+            return c
+    return a.copy(order="K")
 
 
 def aligned(a):
