@@ -198,6 +198,43 @@ def test_unaligned_inputs_give_the_bits_of_aligned_ones(rng, dtype, layout):
                 assert np.array_equal(a, e)
 
 
+def at_offset(a, offset):
+    """A C-ordered copy of `a` starting `offset` bytes into a 64-byte line."""
+    buf = np.zeros(a.nbytes + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + offset
+    b = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    b[...] = a
+    return b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tile_columns_anywhere_on_their_lines(rng, dtype):
+    """The backward's tiles read x and dy with a carry where their columns
+    all sit alike on their lines (tileops.h, tv_load_carry): the same bits
+    wherever on its line each starts, for any thread count (threads' rows
+    end where the carry must stop), runs of 6 tiles of 16 rows."""
+    x, w, _, dy = data(rng, (5, 40, 8, 12), dtype, (1,))
+    dz = rng.standard_normal(x.shape).astype(dtype)
+    mean = rng.standard_normal((5, 8, 12)).astype(dtype)
+    rstd = (1 + rng.random((5, 8, 12))).astype(dtype)
+
+    def run(x, dy):
+        return (lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=1)
+                + lnfast.add_layer_norm_backward(dy, x, mean, rstd, w, axis=1, dz=dz)
+                + lnfast.rms_norm_backward(dy, x, rstd, w, axis=1))
+
+    expected = run(at_offset(x, 0), at_offset(dy, 0))
+    rdx, rdw, rdb = ref.layer_norm_backward(moved(dy, (1,)), moved(x, (1,)), mean, rstd, w)
+    assert err(expected[0], back(rdx, x.shape, (1,))) < BWD_TOL[dtype]
+    assert err(expected[1], rdw) < BWD_TOL[dtype] and err(expected[2], rdb) < BWD_TOL[dtype]
+    for threads in (1, 2, 3, 5):
+        lnfast.set_num_threads(threads)
+        for ox, ody in [(0, 0), (16, 16), (4, 60), (60, 32), (8, 0)]:
+            got = run(at_offset(x, ox), at_offset(dy, ody))
+            for a, e in zip(got, expected):
+                assert np.array_equal(a, e)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, ml_dtypes.bfloat16])
 def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
     """Channels-first rows run by tiles; runs of 7x7 = 49 rows end in short

@@ -52,9 +52,9 @@ typedef struct lnf_reduction {
 
 enum { BACKWARD_SCRATCH = 4 };  /* gathered rows per thread: x, dy, dx, dz */
 /* Tiles: after them, a copied short tile (x, dy, dz, dx: 4 LNF_TILE rows),
- * the values the sums keep (x, dy: 2) and the lanes' dweight/dbias runs
- * (2). */
-#define TILE_ROWS (8 * LNF_TILE)
+ * the values the sums keep (x, dy: 2), the lanes' dweight/dbias runs (2)
+ * and the sums' carries (x, dy: 2). */
+#define TILE_ROWS (10 * LNF_TILE)
 enum { PARAM_ROWS = 2 };        /* the 16-bit weight, widened per thread */
 
 /* Doubles from one chunk's partial rows (dweight, then dbias) to the

@@ -342,7 +342,9 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     char *stage = (char *)((REAL *)sc->rows + BACKWARD_SCRATCH * D);  /* x, dy, dz, dx copied */
     REAL *xs = (REAL *)(void *)(stage + 4 * tb), *dys = xs + T * D;
     REAL *lanes = dys + T * D;          /* the runs: dweight's, dbias's */
+    REAL *carries = lanes + 2 * T * D;  /* x's and dy's (tv_load_carry) */
     ptrdiff_t tiles = 0, width = (c ? 2 : 1) * D;
+    lnf_tile_carry mode = LNF_TILE_PLAIN;
     memset(lanes, 0, (size_t)(width * T) * sizeof(REAL));
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[3 * T];
@@ -365,7 +367,8 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         }
         for (ptrdiff_t j = 0; j < n; j++)
             m[j] = c ? mean[r + j] : 0;
-        ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys);
+        mode = lnf_tile_carry_mode(mode, !copy && inner % 64 == 0, r, r1, b->run);
+        ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys, carries, mode);
         for (ptrdiff_t j = 0; j < n; j++) {
             double sj[3] = {s[j], s[T + j], s[2 * T + j]};
             REAL kj[5];

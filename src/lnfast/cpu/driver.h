@@ -12,6 +12,7 @@
 
 #include "array.h"
 #include "fpenv.h"
+#include "kernels.h"
 #include "scratch.h"
 #include "threads.h"
 
@@ -103,6 +104,20 @@ static inline ptrdiff_t lnf_tile_run(const lnf_array *const *arrays, int nin, in
 static inline ptrdiff_t lnf_tile_start(ptrdiff_t r, ptrdiff_t run)
 {
     return run ? r - r % run % LNF_TILE : r;
+}
+
+/* How the sums read the tile at row r of a thread's rows r..r1-1, after
+ * a tile read as `last` (tileops.h, tv_load_carry): with a carry where
+ * `alike` (its columns all sit alike on their lines, read from the
+ * arrays) and the next tile is a full one of the same run and thread, so
+ * that the line after each column is read only where it holds a row of
+ * the thread's own. */
+static inline lnf_tile_carry lnf_tile_carry_mode(lnf_tile_carry last, int alike, ptrdiff_t r,
+                                                 ptrdiff_t r1, ptrdiff_t run)
+{
+    if (!alike || r + 2 * LNF_TILE > r1 || r % run + 2 * LNF_TILE > run)
+        return LNF_TILE_PLAIN;
+    return last == LNF_TILE_PLAIN ? LNF_TILE_START : LNF_TILE_CARRIED;
 }
 
 /* Tiles of `out` (rows far apart) written with streaming stores: float32

@@ -18,6 +18,9 @@
  * mean(g), mean(g xhat)} backward.  The rows after the next ones, xf, rf
  * and dyf, are prefetched (NULL: none).  stream: LNF_STREAMED (and
  * LNF_STREAM_NOFENCE, simd.h). */
+/* How the backward sums read a tile's columns (tileops.h, tv_load_carry). */
+typedef enum { LNF_TILE_PLAIN, LNF_TILE_START, LNF_TILE_CARRIED } lnf_tile_carry;
+
 typedef struct lnf_row_ops {
     void (*sums)(const void *x, const void *r, void *z, int centered, double shift, double *s,
                  ptrdiff_t n, const void *xf, const void *rf);
@@ -38,13 +41,16 @@ typedef struct lnf_row_ops {
      * (tileops.h); per-lane values (shift, k, mean: LNF_TILE each) in the
      * compute type; s: 3 LNF_TILE doubles; the sums keep the values they
      * read (copy; xs, dys) for the maps, LNF_TILE of the compute type per
-     * column; gw, gb: the dweight/dbias runs, laid out alike. */
+     * column; gw, gb: the dweight/dbias runs, laid out alike; the backward
+     * sums' carries (2 D LNF_TILE of the compute type) and their mode, a
+     * lnf_tile_carry. */
     void (*tile_sums)(const void *x, const void *r, void *z, ptrdiff_t inner, int centered,
                       const void *shift, double *s, ptrdiff_t D, void *copy);
     void (*tile_map)(const void *xs, void *y, ptrdiff_t inner, const void *w, const void *b,
                      const void *k, ptrdiff_t D, int stream);
     void (*tile_grad_sums)(const void *x, const void *dy, ptrdiff_t inner, const void *w,
-                           const void *mean, double *s, ptrdiff_t D, void *xs, void *dys);
+                           const void *mean, double *s, ptrdiff_t D, void *xs, void *dys,
+                           void *carry, int mode);
     void (*tile_grad_map)(const void *xs, const void *dys, const void *dz, void *dx,
                           ptrdiff_t inner, const void *k, void *gw, void *gb, const void *w,
                           ptrdiff_t D, int stream);

@@ -183,6 +183,49 @@ LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
     tv_store(p, t);
 }
 
+/* A column of the backward sums' x or dy, read with a carry.  Between one
+ * tile and the next the sums read a line or two of each of x's and dy's
+ * columns: a few hundred lines, which can fall into few of the L1's sets
+ * (columns a power of two apart, or nearly), so that the line a column
+ * shares with the next tile's (where the columns start off a line, as
+ * NumPy's large arrays start 16 bytes into one) is gone when that tile
+ * comes.  With a carry each column also reads the line after the one it
+ * starts on, a tile ahead and aligned, and keeps it in carries[slot]
+ * (LNF_TILE values) for the next tile, which takes its values from that
+ * and the line after (LNF_TILE_CARRIED); LNF_TILE_START reads the column
+ * as usual and keeps the line after.  The caller asks for a carry only
+ * where the next tile is a full one of the same run and thread, which
+ * holds the rest of that line (lnf_tile_carry_mode).  Where a column is
+ * one vector of a line's width (AVX-512 float32); elsewhere the plain
+ * load.  The values are those of the plain load: no bit changes. */
+#define TILE_CARRY (LNF_VECTOR && !LNF_DOUBLE && !LNF_STORAGE16 && LNF_VB == 64 && LNF_CAN_STREAM)
+LNF_ATTR LNF_INLINE tile_v tv_load_carry(const LNF_S *p, LNF_T *carries, ptrdiff_t slot,
+                                         int mode)
+{
+#if TILE_CARRY
+    size_t off = (uintptr_t)p % 64;
+    if (mode != LNF_TILE_PLAIN && off % sizeof(LNF_S) == 0) {
+        LNF_T *carry = carries + slot * LNF_TILE;
+        LNF_VT hi = *(const LNF_VT *)(const void *)((const char *)p - off + 64);
+        tile_v t;
+        if (mode == LNF_TILE_CARRIED) {
+            __m512i at = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
+                                                           5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((int)(off / sizeof(LNF_S))));
+            t.v[0] = (LNF_VT)_mm512_permutex2var_ps((__m512)tv_lanes(carry).v[0], at,
+                                                    (__m512)hi);
+        } else {
+            t = tv_load(p);
+        }
+        memcpy(carry, &hi, sizeof hi);
+        return t;
+    }
+#else
+    (void)carries, (void)slot, (void)mode;
+#endif
+    return tv_load(p);
+}
+
 /* Column i of the rows to sum: x, or z = x + r as stored (value1). */
 LNF_ATTR LNF_INLINE tile_v tile_value(const void *x, const void *r, ptrdiff_t inner, ptrdiff_t i)
 {
@@ -299,14 +342,16 @@ LNF_ATTR static void tile_map(const void *xs, void *y, ptrdiff_t inner, const vo
 }
 
 /* The backward sums' terms of column i: d = x - m, g = dy w, g d; x and dy
- * kept in the copies. */
+ * kept in the copies; read with their carries (tv_load_carry: x's in
+ * slots 0 to D, dy's in D to 2 D). */
 LNF_ATTR LNF_INLINE void tile_grad_terms(const void *x, const void *dy, ptrdiff_t inner, tile_v m,
                                          const LNF_T *w, ptrdiff_t i, tile_v t[3], LNF_T *xs,
-                                         LNF_T *dys)
+                                         LNF_T *dys, LNF_T *carries, ptrdiff_t D, int mode)
 {
     TILE_PREFETCH(TCOL(x, i));
     TILE_PREFETCH(TCOL(dy, i));
-    tile_v xi = tv_load(TCOL(x, i)), dyi = tv_load(TCOL(dy, i));
+    tile_v xi = tv_load_carry(TCOL(x, i), carries, i, mode);
+    tile_v dyi = tv_load_carry(TCOL(dy, i), carries, D + i, mode);
     tv_put(xs + i * LNF_TILE, xi);
     tv_put(dys + i * LNF_TILE, dyi);
     t[0] = TV_SUB(xi, m);
@@ -317,10 +362,11 @@ LNF_ATTR LNF_INLINE void tile_grad_terms(const void *x, const void *dy, ptrdiff_
 /* The backward sums of the tile (grad_terms1): s[0:T) of d = x - mean,
  * s[T:2T) of g = dy w, s[2T:3T) of g d; mean[0:T) per lane (RMSNorm: 0).
  * x and dy are kept in xs and dys in LNF_T, LNF_TILE per column, for the
- * map (tile_sums). */
+ * map (tile_sums); read with the carries (2 D LNF_TILE values) as mode
+ * says (tile_grad_terms). */
 LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inner,
                                     const void *w, const void *mean, double *s, ptrdiff_t D,
-                                    void *xs, void *dys)
+                                    void *xs, void *dys, void *carries, int mode)
 {
     const LNF_T *wt = w;
     tile_v m = tv_lanes(mean);
@@ -332,9 +378,9 @@ LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inn
         for (ptrdiff_t b0 = g0; b0 < g1; b0 += LNF_BLOCK) {
             ptrdiff_t b1 = b0 + LNF_BLOCK < g1 ? b0 + LNF_BLOCK : g1;
             tile_v t[3], u[3];
-            tile_grad_terms(x, dy, inner, m, wt, b0, t, xs, dys);
+            tile_grad_terms(x, dy, inner, m, wt, b0, t, xs, dys, carries, D, mode);
             for (ptrdiff_t i = b0 + 1; i < b1; i++) {
-                tile_grad_terms(x, dy, inner, m, wt, i, u, xs, dys);
+                tile_grad_terms(x, dy, inner, m, wt, i, u, xs, dys, carries, D, mode);
                 for (int q = 0; q < 3; q++)
                     t[q] = TV_ADD(t[q], u[q]);
             }
@@ -408,6 +454,7 @@ LNF_ATTR static void tile_fold(void *runs, double *dw, ptrdiff_t width)
 #undef TILE_PREFETCH
 #undef TILE_AHEAD
 #undef TILE_NTSTORE
+#undef TILE_CARRY
 #undef TV_ADD
 #undef TV_SUB
 #undef TV_MUL
