@@ -189,16 +189,26 @@ LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
  * (columns a power of two apart, or nearly), so that the line a column
  * shares with the next tile's (where the columns start off a line, as
  * NumPy's large arrays start 16 bytes into one) is gone when that tile
- * comes.  With a carry each column also reads the line after the one it
- * starts on, a tile ahead and aligned, and keeps it in carries[slot]
- * (LNF_TILE values) for the next tile, which takes its values from that
- * and the line after (LNF_TILE_CARRIED); LNF_TILE_START reads the column
- * as usual and keeps the line after.  The caller asks for a carry only
- * where the next tile is a full one of the same run and thread, which
- * holds the rest of that line (lnf_tile_carry_mode).  Where a column is
- * one vector of a line's width (AVX-512 float32); elsewhere the plain
- * load.  The values are those of the plain load: no bit changes. */
-#define TILE_CARRY (LNF_VECTOR && !LNF_DOUBLE && !LNF_STORAGE16 && LNF_VB == 64 && LNF_CAN_STREAM)
+ * comes.  With a carry each column also reads, aligned, the lines after
+ * the one it starts on, up to the one the next tile's column starts on (a
+ * tile ahead), and keeps that one in carries[slot] (LNF_TILE values) for
+ * the next tile, which takes its values from the carry and the lines
+ * after it (LNF_TILE_CARRIED); LNF_TILE_START reads the column as usual
+ * and keeps the last line.  The caller asks for a carry only where the
+ * next tile is a full one of the same run and thread, which holds the
+ * rest of that line (lnf_tile_carry_mode).  Where vectors are
+ * a line wide (AVX-512 float32 and float64); elsewhere the plain load.
+ * The values are those of the plain load: no bit changes. */
+#define TILE_CARRY (LNF_VECTOR && !LNF_STORAGE16 && LNF_VB == 64)
+#if TILE_CARRY
+#if LNF_DOUBLE
+typedef int64_t tile_i;
+#else
+typedef int32_t tile_i;
+#endif
+typedef tile_i tile_ix __attribute__((vector_size(LNF_VB)));
+static const tile_i tile_iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#endif
 LNF_ATTR LNF_INLINE tile_v tv_load_carry(const LNF_S *p, LNF_T *carries, ptrdiff_t slot,
                                          int mode)
 {
@@ -206,18 +216,22 @@ LNF_ATTR LNF_INLINE tile_v tv_load_carry(const LNF_S *p, LNF_T *carries, ptrdiff
     size_t off = (uintptr_t)p % 64;
     if (mode != LNF_TILE_PLAIN && off % sizeof(LNF_S) == 0) {
         LNF_T *carry = carries + slot * LNF_TILE;
-        LNF_VT hi = *(const LNF_VT *)(const void *)((const char *)p - off + 64);
+        const char *line = (const char *)p - off;
+        LNF_VT l[TILE_W + 1];
+        for (int u = 1; u <= TILE_W; u++)
+            l[u] = *(const LNF_VT *)(const void *)(line + 64 * u);
         tile_v t;
         if (mode == LNF_TILE_CARRIED) {
-            __m512i at = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
-                                                           5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32((int)(off / sizeof(LNF_S))));
-            t.v[0] = (LNF_VT)_mm512_permutex2var_ps((__m512)tv_lanes(carry).v[0], at,
-                                                    (__m512)hi);
+            tile_ix at;     /* lane j takes element j + off of the two lines */
+            memcpy(&at, tile_iota, sizeof at);
+            at += (tile_i)(off / sizeof(LNF_S));
+            memcpy(&l[0], carry, sizeof l[0]);
+            for (int u = 0; u < TILE_W; u++)
+                t.v[u] = __builtin_shuffle(l[u], l[u + 1], at);
         } else {
             t = tv_load(p);
         }
-        memcpy(carry, &hi, sizeof hi);
+        memcpy(carry, &l[TILE_W], sizeof l[0]);
         return t;
     }
 #else
