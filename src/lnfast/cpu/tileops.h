@@ -199,7 +199,7 @@ LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
  * rest of that line (lnf_tile_carry_mode).  Where vectors are
  * a line wide (AVX-512 float32 and float64); elsewhere the plain load.
  * The values are those of the plain load: no bit changes. */
-#define TILE_CARRY (LNF_VECTOR && !LNF_STORAGE16 && LNF_VB == 64)
+#define TILE_CARRY (LNF_VECTOR && !LNF_STORAGE16 && LNF_VB == 64 && LNF_CAN_STREAM)
 #if TILE_CARRY
 #if LNF_DOUBLE
 typedef int64_t tile_i;
@@ -227,7 +227,13 @@ LNF_ATTR LNF_INLINE tile_v tv_load_carry(const LNF_S *p, LNF_T *carries, ptrdiff
             at += (tile_i)(off / sizeof(LNF_S));
             memcpy(&l[0], carry, sizeof l[0]);
             for (int u = 0; u < TILE_W; u++)
-                t.v[u] = __builtin_shuffle(l[u], l[u + 1], at);
+#if LNF_DOUBLE
+                t.v[u] = (LNF_VT)_mm512_permutex2var_pd((__m512d)l[u], (__m512i)at,
+                                                        (__m512d)l[u + 1]);
+#else
+                t.v[u] = (LNF_VT)_mm512_permutex2var_ps((__m512)l[u], (__m512i)at,
+                                                        (__m512)l[u + 1]);
+#endif
         } else {
             t = tv_load(p);
         }
