@@ -1,8 +1,9 @@
 /* The C API refuses arguments that do not fit with LNF_EINVAL, before it
  * reads or writes through them: NULL argument blocks, shapes and strides,
  * negative lengths, leading-axis counts set by hand, misaligned mean, rstd
- * and dwdb, unknown dtypes for lnf_round_sums; a D near PTRDIFF_MAX gives
- * no arithmetic trap; thread counts out of range are clamped.  Built and
+ * and dwdb, unknown dtypes for lnf_round_sums, a dx in place of x or dy;
+ * a D near PTRDIFF_MAX gives no arithmetic trap; thread counts out of
+ * range are clamped.  Built and
  * run by tests/test_c_api.py, with AddressSanitizer and UBSan where the
  * compiler has them. */
 #include <stdint.h>
@@ -102,6 +103,15 @@ int main(void)
     b = backward_args();
     b.rstd = (char *)(st + M) + 2;
     expect(lnf_backward(&b), LNF_EINVAL, "misaligned rstd (backward)");
+    b = backward_args();
+    b.dx = b.x;
+    expect(lnf_backward(&b), LNF_EINVAL, "dx in place of x");
+    b = backward_args();
+    b.dy = b.dx;
+    expect(lnf_backward(&b), LNF_EINVAL, "dx in place of dy");
+    b = backward_args();
+    b.dz = b.dx, b.has_dz = 1;
+    expect(lnf_backward(&b), LNF_OK, "dx in place of dz");
     b = backward_args();
     b.nthreads = INT32_MAX;
     expect(lnf_backward(&b), LNF_OK, "a huge thread count (backward)");

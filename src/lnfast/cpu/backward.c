@@ -238,6 +238,10 @@ int lnf_backward(const lnf_backward_args *a)
         || a->rstd == NULL || (a->centered && a->mean == NULL)
         || !lnf_aligned(a->rstd, f32 ? 4 : 8) || !lnf_aligned(a->mean, f32 ? 4 : 8))
         return LNF_EINVAL;
+    /* dx may be dz, not x or dy: the tiles' rows redone in float64 read x
+     * and dy again after the tile's dx is stored. */
+    if (a->dx.base == a->x.base || a->dx.base == a->dy.base)
+        return LNF_EINVAL;
     ptrdiff_t nchunks = a->nchunks ? a->nchunks : lnf_num_chunks(a->M, a->D);
     const lnf_array *rows[4] = {&a->x, &a->dy, a->has_dz ? &a->dz : NULL, &a->dx};
     lnf_bwd b = {a, lnf_kernels_for(a->x.dtype), lnf_kernels_for(f32 ? LNF_FLOAT32 : LNF_FLOAT64),

@@ -83,7 +83,8 @@ int lnf_forward(const lnf_forward_args *a);
  * (unread unless centered) and rstd: M contiguous
  * values of the compute type, as the forward pass stored them.  weight as
  * in lnf_forward (weight_len D); dx's layout, as y's there, changes no
- * bit. */
+ * bit.  dx may be dz (in place), but must not overlap x or dy
+ * (LNF_EINVAL where it is either of them). */
 typedef struct lnf_backward_args {
     lnf_array x, dy, dz, dx, weight;
     const void *mean, *rstd;

@@ -191,10 +191,10 @@ LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
  * NumPy's large arrays start 16 bytes into one) is gone when that tile
  * comes.  With a carry each column also reads, aligned, the lines after
  * the one it starts on, up to the one the next tile's column starts on (a
- * tile ahead), and keeps that one in carries[slot] (LNF_TILE values) for
- * the next tile, which takes its values from the carry and the lines
- * after it (LNF_TILE_CARRIED); LNF_TILE_START reads the column as usual
- * and keeps the last line.  The caller asks for a carry only where the
+ * tile ahead), and keeps that one in carries[slot] (a line, in a slot of
+ * LNF_TILE values) for the next tile, which takes its values from the
+ * carry and the lines after it (LNF_TILE_CARRIED); LNF_TILE_START reads
+ * the column as usual and keeps the last line.  The caller asks for a carry only where the
  * next tile is a full one of the same run and thread, which holds the
  * rest of that line (lnf_tile_carry_mode).  Where vectors are
  * a line wide (AVX-512 float32 and float64); elsewhere the plain load.
