@@ -154,13 +154,21 @@ def test_strided_and_read_only_inputs(rng):
     assert err(lnfast.layer_norm(t, w, axis=1), y.astype(np.float64)) < 2e-6
 
 
-def unaligned(a):
-    """A copy of `a`, strides and all, one byte into a buffer: not aligned."""
+def at_offset(a, offset):
+    """A copy of `a`, strides and all, starting `offset` bytes into a
+    64-byte line (1: not aligned to its elements)."""
     lo = sum(st * (n - 1) for st, n in zip(a.strides, a.shape) if st < 0)
     hi = sum(st * (n - 1) for st, n in zip(a.strides, a.shape) if st > 0)
-    buf = np.zeros(hi - lo + a.itemsize + 1, np.uint8)
-    u = np.ndarray(a.shape, a.dtype, buf, 1 - lo, a.strides)
-    u[...] = a
+    buf = np.zeros(hi - lo + a.itemsize + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + offset
+    b = np.ndarray(a.shape, a.dtype, buf, start - lo, a.strides)
+    b[...] = a
+    return b
+
+
+def unaligned(a):
+    """at_offset(a, 1), checked."""
+    u = at_offset(a, 1)
     assert not u.flags.aligned and u.strides == a.strides
     return u
 
@@ -196,15 +204,6 @@ def test_unaligned_inputs_give_the_bits_of_aligned_ones(rng, dtype, layout):
                 assert err(a, e.astype(np.float64)) < BWD_TOL[dtype]
             else:
                 assert np.array_equal(a, e)
-
-
-def at_offset(a, offset):
-    """A C-ordered copy of `a` starting `offset` bytes into a 64-byte line."""
-    buf = np.zeros(a.nbytes + 128, np.uint8)
-    start = (-buf.ctypes.data) % 64 + offset
-    b = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
-    b[...] = a
-    return b
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

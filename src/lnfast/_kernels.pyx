@@ -212,11 +212,9 @@ def kernel_view(a):
     it has more leading axes."""
     if a is None:
         return a
-    if not a.flags.aligned:
-        a = same_strides(a)
-    if a.ndim <= LNF_MAX_LEAD + 1:
-        return a
-    return np.array(a, order="C").reshape(-1, a.shape[-1])
+    if a.ndim > LNF_MAX_LEAD + 1:
+        return np.array(a, order="C").reshape(-1, a.shape[-1])
+    return a if a.flags.aligned else same_strides(a)
 
 
 def same_strides(a):

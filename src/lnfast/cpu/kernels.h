@@ -50,7 +50,7 @@ typedef struct lnf_row_ops {
                      const void *k, ptrdiff_t D, int stream);
     void (*tile_grad_sums)(const void *x, const void *dy, ptrdiff_t inner, const void *w,
                            const void *mean, double *s, ptrdiff_t D, void *xs, void *dys,
-                           void *carry, int mode);
+                           void *carries, int mode);
     void (*tile_grad_map)(const void *xs, const void *dys, const void *dz, void *dx,
                           ptrdiff_t inner, const void *k, void *gw, void *gb, const void *w,
                           ptrdiff_t D, int stream);

@@ -194,11 +194,12 @@ LNF_ATTR LNF_INLINE void tv_out(LNF_S *p, tile_v t, int nt)
  * tile ahead), and keeps that one in carries[slot] (a line, in a slot of
  * LNF_TILE values) for the next tile, which takes its values from the
  * carry and the lines after it (LNF_TILE_CARRIED); LNF_TILE_START reads
- * the column as usual and keeps the last line.  The caller asks for a carry only where the
- * next tile is a full one of the same run and thread, which holds the
- * rest of that line (lnf_tile_carry_mode).  Where vectors are
- * a line wide (AVX-512 float32 and float64); elsewhere the plain load.
- * The values are those of the plain load: no bit changes. */
+ * the column as usual and keeps the last line.  The caller asks for a
+ * carry only where the next tile is a full one of the same run and
+ * thread, which holds the rest of that line (lnf_tile_carry_mode); the
+ * columns start on whole elements (lnf_rows_ok).  Where vectors are a
+ * line wide (AVX-512 float32 and float64); elsewhere the plain load.  The
+ * values are those of the plain load: no bit changes. */
 #define TILE_CARRY (LNF_VECTOR && !LNF_STORAGE16 && LNF_VB == 64 && LNF_CAN_STREAM)
 #if TILE_CARRY
 #if LNF_DOUBLE
@@ -214,7 +215,7 @@ LNF_ATTR LNF_INLINE tile_v tv_load_carry(const LNF_S *p, LNF_T *carries, ptrdiff
 {
 #if TILE_CARRY
     size_t off = (uintptr_t)p % 64;
-    if (mode != LNF_TILE_PLAIN && off % sizeof(LNF_S) == 0) {
+    if (mode != LNF_TILE_PLAIN) {
         LNF_T *carry = carries + slot * LNF_TILE;
         const char *line = (const char *)p - off;
         LNF_VT l[TILE_W + 1];
