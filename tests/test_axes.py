@@ -263,6 +263,53 @@ def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
     assert err(results[0][4], rdw) < BWD_TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_tiles_two_at_once_or_one_by_one(rng, dtype):
+    """The forward takes two full tiles of a run at once where it can
+    (forward_tiles). Runs of 63 rows (three full tiles and a short one)
+    split between threads pair other tiles ((0, 1) on one thread, (1, 2)
+    where a thread starts at tile 1), and an output in another layout has
+    every tile copied and taken alone: the same bits every way. Hard rows
+    (constant, offset, summed again about their mean) sit in the first and
+    second tiles of pairs."""
+    x = (rng.standard_normal((4, 40, 7, 9)) * 2 + 0.5).astype(dtype)
+    # rows redone in float64: squares that underflow (float32, float64) or
+    # overflow (bfloat16; float16 has no such rows)
+    scale = {np.float32: 1e-40, np.float64: 1e-300, ml_dtypes.bfloat16: 1e37}.get(dtype)
+    for n, h, w_ in [(0, 0, 3), (0, 2, 0), (1, 3, 1)]:     # rows 3 (tile 0), 18, 28 (tile 1)
+        if scale is not None:
+            x[n, :, h, w_] = (rng.standard_normal(40) * scale).astype(dtype)
+    x[1, :, 0, 4] = 5.0                     # row 4: constant
+    x[2, :, 2, 1] += 3000                   # row 19: offset
+    x[2, :8, 2, 2] += 40                    # row 20: its shift far from its mean
+    x[3, 8:, 0, 5] -= 40                    # row 5
+    w = (1 + 0.2 * rng.standard_normal(40)).astype(dtype)
+    b = (0.2 * rng.standard_normal(40)).astype(dtype)
+    res = rng.standard_normal(x.shape).astype(dtype)
+
+    def run():
+        return (lnfast.layer_norm_forward(x, w, b, axis=1)
+                + lnfast.rms_norm_forward(x, w, axis=1)
+                + lnfast.add_layer_norm_forward(x, res, w, b, axis=1))
+
+    want = run()
+    alone = np.asfortranarray(np.empty_like(x))
+    assert np.array_equal(lnfast.layer_norm(x, w, b, axis=1, out=alone), want[0])
+    assert np.array_equal(lnfast.rms_norm(x, w, axis=1, out=alone), want[3])
+    for threads in (2, 3, 4, 5):
+        lnfast.set_num_threads(threads)
+        for a, e in zip(run(), want):
+            assert np.array_equal(a, e)
+    ry, rmean, rrstd = ref.layer_norm_forward(moved(x, (1,)), w, b)
+    assert err(want[0], back(ry, x.shape, (1,))) < FWD_TOL[dtype]
+    assert err(want[1], rmean.reshape(want[1].shape)) < FWD_TOL[dtype]
+    assert err(want[2], rrstd.reshape(want[2].shape)) < FWD_TOL[dtype]
+    z = (x.astype(np.float64) + res).astype(dtype)
+    assert np.array_equal(want[6], z)
+    ryz = ref.layer_norm_forward(moved(z, (1,)), w, b)[0]
+    assert err(want[5], back(ryz, x.shape, (1,))) < FWD_TOL[dtype]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_streamed_tiles(rng, dtype):
     """Outputs of 8 MiB or more whose tile columns start on cache lines (as

@@ -53,6 +53,11 @@
 #define LNF_TILE_MAX_D (1 << 14)
 /* How many tiles ahead the tiles prefetch their columns (speed only). */
 #define LNF_TILE_AHEAD 4
+/* The forward takes two tiles at once for rows of at most this many
+ * elements (speed only: the two copies the sums keep stay in the L2). */
+#ifndef LNF_TILE_PAIR_MAX_D
+#define LNF_TILE_PAIR_MAX_D 1024
+#endif
 
 /* --- The backward's chunk grid (lnf_num_chunks); fixes the bits. --- */
 /* At most this many chunks of rows, each summed in row order, of at least

@@ -106,6 +106,13 @@ static inline ptrdiff_t lnf_tile_start(ptrdiff_t r, ptrdiff_t run)
     return run ? r - r % run % LNF_TILE : r;
 }
 
+/* Whether the tile at row r of a thread's rows r..r1-1 and the next are
+ * full tiles of the same run. */
+static inline int lnf_tile_next_full(ptrdiff_t r, ptrdiff_t r1, ptrdiff_t run)
+{
+    return r + 2 * LNF_TILE <= r1 && r % run + 2 * LNF_TILE <= run;
+}
+
 /* How the sums read the tile at row r of a thread's rows r..r1-1, after
  * a tile read as `last` (tileops.h, tv_load_carry): with a carry where
  * `alike` (its columns all sit alike on their lines, read from the
@@ -115,7 +122,7 @@ static inline ptrdiff_t lnf_tile_start(ptrdiff_t r, ptrdiff_t run)
 static inline lnf_tile_carry lnf_tile_carry_mode(lnf_tile_carry last, int alike, ptrdiff_t r,
                                                  ptrdiff_t r1, ptrdiff_t run)
 {
-    if (!alike || r + 2 * LNF_TILE > r1 || r % run + 2 * LNF_TILE > run)
+    if (!alike || !lnf_tile_next_full(r, r1, run))
         return LNF_TILE_PLAIN;
     return last == LNF_TILE_PLAIN ? LNF_TILE_START : LNF_TILE_CARRIED;
 }

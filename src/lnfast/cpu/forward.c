@@ -16,14 +16,18 @@ typedef struct lnf_fwd {
     int y_like, z_like;         /* tiles: y, z (or none) in x's layout (lnf_tile_like) */
     int direct;                 /* all rows contiguous, in x's dtype */
     int stream;                 /* y written with streaming stores */
+    int pairs;                  /* tiles: two at once where they can (forward_tiles) */
     int nthreads;
 } lnf_fwd;
 
 enum { FORWARD_SCRATCH = 4 };   /* gathered rows per thread: x, residual, z, y */
-/* Tiles: a tile's rare rows and y, the values the sums keep (LNF_TILE
- * rows), then the copies of a short tile (x, residual, z, y: up to 4
- * LNF_TILE rows of the compute type). */
-enum { TILE_SCRATCH = 6 * LNF_TILE + 1 };
+/* Tiles: the rare rows of two tiles (one without pairs) and y, the values
+ * the sums keep (as many rows), then the copies of a short tile (x,
+ * residual, z, y: up to 4 LNF_TILE rows of the compute type). */
+static ptrdiff_t tile_scratch(int pairs)
+{
+    return (pairs ? 8 : 6) * LNF_TILE + 1;
+}
 enum { PARAM_ROWS = 2 };        /* 16-bit weight and bias, widened per thread */
 
 #define REAL float
@@ -61,7 +65,7 @@ int lnf_forward(const lnf_forward_args *a)
         return LNF_EINVAL;
     int f64 = a->weight.dtype == LNF_FLOAT64;
     lnf_fwd f = {a, NULL, NULL, a->weight_len, a->centered ? a->bias_len : a->weight_len,
-                 0, 0, 0, 0, 0, 1};
+                 0, 0, 0, 0, 0, 0, 1};
     if (a->D < 1 || a->D > LNF_MAX_D || a->M < 0)
         return LNF_EINVAL;
     if (a->M == 0)
@@ -87,11 +91,12 @@ int lnf_forward(const lnf_forward_args *a)
     f.stream = f.direct ? lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
                                        a->M * a->D * lnf_itemsize(a->y.dtype))
                         : f.run && f.y_like && lnf_tile_streamed(&a->y, f.run, a->M, a->D);
+    f.pairs = f.run && a->D <= LNF_TILE_PAIR_MAX_D;
     f.nthreads = (int)LNF_MAX(1, LNF_MIN(LNF_MIN(a->nthreads, LNF_MAX_THREADS), a->M));
     int wide = !lnf_native(&a->weight) || (a->centered && !lnf_native(&a->bias));
     lnf_scratches s;
     if (lnf_scratch_begin(&s, f.nthreads,
-                          f.direct ? 0 : f.run ? TILE_SCRATCH : FORWARD_SCRATCH,
+                          f.direct ? 0 : f.run ? tile_scratch(f.pairs) : FORWARD_SCRATCH,
                           wide ? PARAM_ROWS : 0,
                           a->D, f64 ? 8 : 4) != LNF_OK)
         return LNF_ENOMEM;

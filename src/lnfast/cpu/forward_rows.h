@@ -263,7 +263,7 @@ static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const vo
     }
     if (!any)
         return;
-    ops->tile_sums(in, NULL, NULL, inner, 1, shift, again, D, NULL);
+    ops->tile_sums(in, NULL, NULL, inner, 1, shift, again, D, NULL, 1);
     for (ptrdiff_t j = 0; j < n; j++)
         if (far[j])
             for (int q = 0; q < 3; q++)
@@ -274,8 +274,12 @@ static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const vo
  * LNF_TILE rows; a run of f->run adjacent rows ends in a shorter tile,
  * which runs on copies (lnf_tile_gather), as every tile does where y or z
  * is not in x's layout (then stored to its own rows, lnf_tile_scatter_to).
- * The map reads the values the sums kept (xs).  The rows that row_stats
- * turns down are gathered into the thread's rows before the tile is mapped
+ * Two full tiles of the arrays side by side go together where the rows
+ * are short (f->pairs): each column's two tiles are then read together,
+ * adjacent, which the memory serves faster than pieces a tile apart (the
+ * arithmetic, and so every bit, is that of one tile at a time).  The map
+ * reads the values the sums kept (xs).  The rows that row_stats turns
+ * down are gathered into the thread's rows before the tiles are mapped
  * (y may be x), redone by row_exact and stored after. */
 static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
                              REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
@@ -286,18 +290,20 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
     const lnf_array *in = a->has_residual ? &a->z : &a->x;
     ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
     int c = a->centered, res = a->has_residual, whole = f->y_like && f->z_like;
-    REAL *slots = sc->rows, *ybuf = slots + T * D;
+    int most = f->pairs ? 2 : 1;            /* tiles at once */
+    REAL *slots = sc->rows, *ybuf = slots + most * T * D;
     REAL *xs = ybuf + D;                    /* the values summed, kept for the map */
-    char *stage = (char *)(xs + T * D);     /* x, residual, z, y of a short tile */
+    char *stage = (char *)(xs + most * T * D);  /* x, residual, z, y of a short tile */
     for (ptrdiff_t r = r0; r < r1; r += n) {
-        double s[3 * T];
-        REAL k[3 * T] = {0};
-        int hard[T] = {0}, nhard = 0;
+        double s[2 * 3 * T];                /* per tile: 3 T sums (tile_sums) */
+        REAL k[2 * 3 * T] = {0};            /* per tile: hi, lo, rstd (tile_map) */
+        int hard[2 * T] = {0}, nhard = 0;
         ptrdiff_t inner = a->x.inner;
         const char *px = lnf_row(&a->x, r), *pr = res ? lnf_row(&a->residual, r) : NULL;
         char *pz = res ? lnf_row(&a->z, r) : NULL, *py = lnf_row(&a->y, r);
         n = LNF_MIN(LNF_MIN((ptrdiff_t)T, f->run - r % f->run), r1 - r);
         int copy = n < T || !whole;
+        int tiles = !copy && most == 2 && lnf_tile_next_full(r, r1, f->run) ? 2 : 1;
         if (copy) {
             lnf_tile_gather(px, inner, stage, n, isz, D);
             if (res)
@@ -306,16 +312,20 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             py = stage + 3 * tb;
             inner = T * isz;
         }
-        ops->tile_sums(px, pr, pz, inner, c, NULL, s, D, xs);
+        n *= tiles;
+        ops->tile_sums(px, pr, pz, inner, c, NULL, s, D, xs, tiles);
         if (res && copy)        /* (z in place before its rare rows are read) */
             lnf_tile_scatter_to(pz, &a->z, f->z_like, r, n, isz, D);
-        F(resum_far_tile)(f, ops, res ? pz : px, inner, s, n);
+        for (int q = 0; q < tiles; q++)
+            F(resum_far_tile)(f, ops, (res ? pz : px) + q * T * isz, inner, s + 3 * T * q,
+                              LNF_MIN(n - q * T, (ptrdiff_t)T));
         for (ptrdiff_t j = 0; j < n; j++) {
-            double sj[3] = {s[j], s[T + j], s[2 * T + j]};
+            ptrdiff_t o = 3 * T * (j / T) + j % T;      /* lane j % T of tile j / T */
+            double sj[3] = {s[o], s[o + T], s[o + 2 * T]};
             REAL kj[3];
             hard[j] = !F(row_stats)(sj, D, a->eps, c, kj);
             for (int q = 0; q < 3; q++)
-                k[q * T + j] = hard[j] ? 0 : kj[q];
+                k[o + q * T] = hard[j] ? 0 : kj[q];
             if (hard[j]) {      /* (copied: the map may overwrite it, y being x) */
                 REAL *slot = slots + j * D;
                 const void *row = lnf_load_row(in, r + j, D, slot, sizeof(REAL));
@@ -324,7 +334,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
                 nhard++;
             }
         }
-        ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && !copy);
+        ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && !copy, tiles);
         if (copy)
             lnf_tile_scatter_to(py, &a->y, f->y_like, r, n, isz, D);
         if (nhard > 0 && f->stream)     /* (the streamed lines before the rare rows) */
@@ -332,17 +342,19 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
         for (ptrdiff_t j = 0; j < n && nhard > 0; j++) {
             if (!hard[j])
                 continue;
+            ptrdiff_t o = 3 * T * (j / T) + j % T;
             REAL kj[3];
             F(row_exact)(slots + j * D, ybuf, w, b, D, a->eps, c, kj, f->wp, f->bp);
             lnf_store_row(&a->y, r + j, D, ybuf, sizeof(REAL));
-            k[j] = kj[0];
-            k[2 * T + j] = kj[2];
+            k[o] = kj[0];
+            k[o + 2 * T] = kj[2];
         }
         for (ptrdiff_t j = 0; j < n; j++) {
+            ptrdiff_t o = 3 * T * (j / T) + j % T;
             if (mean_out != NULL)
-                mean_out[r + j] = k[j];
+                mean_out[r + j] = k[o];
             if (rstd_out != NULL)
-                rstd_out[r + j] = k[2 * T + j];
+                rstd_out[r + j] = k[o + 2 * T];
         }
     }
     if (f->stream)

@@ -43,11 +43,13 @@ typedef struct lnf_row_ops {
      * read (copy; xs, dys) for the maps, LNF_TILE of the compute type per
      * column; gw, gb: the dweight/dbias runs, laid out alike; the backward
      * sums' carries (2 D LNF_TILE of the compute type) and their mode, a
-     * lnf_tile_carry. */
+     * lnf_tile_carry.  The forward's take `tiles` (1 or 2) adjacent
+     * tiles at once, each tile's per-lane values, s and copy after the
+     * previous tile's. */
     void (*tile_sums)(const void *x, const void *r, void *z, ptrdiff_t inner, int centered,
-                      const void *shift, double *s, ptrdiff_t D, void *copy);
+                      const void *shift, double *s, ptrdiff_t D, void *copy, int tiles);
     void (*tile_map)(const void *xs, void *y, ptrdiff_t inner, const void *w, const void *b,
-                     const void *k, ptrdiff_t D, int stream);
+                     const void *k, ptrdiff_t D, int stream, int tiles);
     void (*tile_grad_sums)(const void *x, const void *dy, ptrdiff_t inner, const void *w,
                            const void *mean, double *s, ptrdiff_t D, void *xs, void *dys,
                            void *carries, int mode);

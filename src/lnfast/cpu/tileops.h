@@ -274,10 +274,13 @@ LNF_ATTR LNF_INLINE tile_v tile_in(const void *x, const void *r, void *z, ptrdif
     return e;
 }
 
-/* Each lane's row_shift (rowops.h): the mean of its row's first
- * LNF_SHIFT_TERMS values, added in float64 in order, or the first value
- * where that mean is not finite. */
-LNF_ATTR static tile_v tile_shift(const void *x, const void *r, ptrdiff_t inner, ptrdiff_t D)
+/* Each lane's row_shift (rowops.h) into sh[0:T): the mean of its row's
+ * first LNF_SHIFT_TERMS values, added in float64 in order, or the first
+ * value where that mean is not finite.  (Stored, not returned: GCC 12 at
+ * -O2 kept only a quarter of an AVX-512 tile_v returned from this
+ * out-of-line function into an array element.) */
+LNF_ATTR static void tile_shift(const void *x, const void *r, ptrdiff_t inner, ptrdiff_t D,
+                                LNF_T *sh)
 {
     ptrdiff_t k = D < LNF_SHIFT_TERMS ? D : LNF_SHIFT_TERMS;
     tile_v first = tile_value(x, r, inner, 0);
@@ -285,14 +288,13 @@ LNF_ATTR static tile_v tile_shift(const void *x, const void *r, ptrdiff_t inner,
     for (ptrdiff_t i = 1; i < k; i++)
         sum = TD_ADD(sum, TV_WIDEN(tile_value(x, r, inner, i)));
     double m[LNF_TILE];
-    LNF_T f[LNF_TILE], sh[LNF_TILE];
+    LNF_T f[LNF_TILE];
     memcpy(m, &sum, sizeof m);
     memcpy(f, &first, sizeof f);
     for (int j = 0; j < LNF_TILE; j++) {
         double v = SHIFT_MEAN(m[j], k);
         sh[j] = v - v == 0.0 ? (LNF_T)v : f[j];
     }
-    return tv_lanes(sh);
 }
 
 /* s[0:T) = the lanes' sums of d = x - shift, s[T:2T) of d^2, s[2T:3T) the
@@ -300,66 +302,128 @@ LNF_ATTR static tile_v tile_shift(const void *x, const void *r, ptrdiff_t inner,
  * With r: x + r, stored to z and read as stored.  Where `copy` is
  * given, the values summed (x, or z as stored) are kept there in LNF_T,
  * LNF_TILE per column, for the map to read from the cache: rows far
- * apart may share few cache sets (a power of two apart, all of them). */
-LNF_ATTR static void tile_sums(const void *x, const void *r, void *z, ptrdiff_t inner,
-                               int centered, const void *shift, double *s, ptrdiff_t D,
-                               void *copy)
+ * apart may share few cache sets (a power of two apart, all of them).
+ * NT adjacent tiles at once (1 or 2), tile k's LNF_TILE rows after tile
+ * k - 1's, its shift, s and copy after tile k - 1's (LNF_TILE, 3 LNF_TILE
+ * and D LNF_TILE values): each column's lines of the NT tiles are read
+ * together, each tile's arithmetic as on its own. */
+/* d = column i of the rows to sum (tile_in) less the shift, the column
+ * kept in `keep` where given. */
+LNF_ATTR LNF_INLINE tile_v tile_sums_col(const void *x, const void *r, void *z, ptrdiff_t inner,
+                                         ptrdiff_t i, LNF_T *keep, tile_v sh)
 {
-    LNF_T *keep = copy;
-    tile_v sh = shift != NULL ? tv_lanes(shift)
-                : centered    ? tile_shift(x, r, inner, D)
-                              : TV_SPLAT(0);
-    tile_d a1 = TV_WIDEN(TV_SPLAT(0)), a2 = a1;
-    for (ptrdiff_t g0 = 0; g0 < D; g0 += TILE_BLOCKS) {
-        ptrdiff_t g1 = g0 + TILE_BLOCKS < D ? g0 + TILE_BLOCKS : D;
-        tile_v s1 = TV_SPLAT(0), s2 = s1;
-        for (ptrdiff_t b0 = g0; b0 < g1; b0 += LNF_BLOCK) {
-            ptrdiff_t b1 = b0 + LNF_BLOCK < g1 ? b0 + LNF_BLOCK : g1;
-            TILE_PREFETCH(TCOL(x, b0));
-            tile_v e = tile_in(x, r, z, inner, b0);
-            if (keep != NULL)
-                tv_put(keep + b0 * LNF_TILE, e);
-            tile_v d = TV_SUB(e, sh), t1 = d, t2 = TV_MUL(d, d);
-            for (ptrdiff_t i = b0 + 1; i < b1; i++) {
-                TILE_PREFETCH(TCOL(x, i));
-                e = tile_in(x, r, z, inner, i);
-                if (keep != NULL)
-                    tv_put(keep + i * LNF_TILE, e);
-                d = TV_SUB(e, sh);
-                t1 = TV_ADD(t1, d);
-                t2 = TV_ADD(t2, TV_MUL(d, d));
-            }
-            s1 = TV_ADD(s1, t1);
-            s2 = TV_ADD(s2, t2);
-        }
-        a1 = TD_ADD(a1, TV_WIDEN(s1));
-        a2 = TD_ADD(a2, TV_WIDEN(s2));
-    }
-    tile_d shd = TV_WIDEN(sh);
-    memcpy(s, &a1, sizeof a1);
-    memcpy(s + LNF_TILE, &a2, sizeof a2);
-    memcpy(s + 2 * LNF_TILE, &shd, sizeof shd);
+    TILE_PREFETCH(TCOL(x, i));
+    tile_v e = tile_in(x, r, z, inner, i);
+    if (keep != NULL)
+        tv_put(keep + i * LNF_TILE, e);
+    return TV_SUB(e, sh);
 }
 
-/* y = the forward map of the tile (map1) of the values xs (tile_sums'
- * copy), k = {hi[T], lo[T], rstd[T]}; b NULL: RMSNorm.  stream: y's
- * columns by streaming stores (the caller checks their alignment and
- * fences). */
-LNF_ATTR static void tile_map(const void *xs, void *y, ptrdiff_t inner, const void *w,
-                              const void *b, const void *k, ptrdiff_t D, int stream)
+LNF_ATTR LNF_INLINE void tile_sums_n(const void *x, const void *r, void *z, ptrdiff_t inner,
+                                     int centered, const void *shift, double *s, ptrdiff_t D,
+                                     void *copy, const int NT)
 {
+    enum { T = LNF_TILE };
+    const ptrdiff_t tb = T * (ptrdiff_t)sizeof(LNF_S);   /* bytes from a tile to the next */
+    const char *xk[2], *rk[2];
+    char *zk[2];
+    LNF_T *keep[2];
+    tile_v sh[2];
+    tile_d a1[2], a2[2];
+    for (int k = 0; k < NT; k++) {
+        xk[k] = (const char *)x + k * tb;
+        rk[k] = r != NULL ? (const char *)r + k * tb : NULL;
+        zk[k] = r != NULL ? (char *)z + k * tb : NULL;
+        keep[k] = copy != NULL ? (LNF_T *)copy + k * D * T : NULL;
+        LNF_T lanes[T] = {0};
+        if (shift == NULL && centered)
+            tile_shift(xk[k], rk[k], inner, D, lanes);
+        sh[k] = tv_lanes(shift != NULL ? (const LNF_T *)shift + k * T : lanes);
+        a1[k] = a2[k] = TV_WIDEN(TV_SPLAT(0));
+    }
+    for (ptrdiff_t g0 = 0; g0 < D; g0 += TILE_BLOCKS) {
+        ptrdiff_t g1 = g0 + TILE_BLOCKS < D ? g0 + TILE_BLOCKS : D;
+        tile_v s1[2], s2[2];
+        for (int k = 0; k < NT; k++)
+            s1[k] = s2[k] = TV_SPLAT(0);
+        for (ptrdiff_t b0 = g0; b0 < g1; b0 += LNF_BLOCK) {
+            ptrdiff_t b1 = b0 + LNF_BLOCK < g1 ? b0 + LNF_BLOCK : g1;
+            tile_v t1[2], t2[2];
+            for (int k = 0; k < NT; k++) {
+                t1[k] = tile_sums_col(xk[k], rk[k], zk[k], inner, b0, keep[k], sh[k]);
+                t2[k] = TV_MUL(t1[k], t1[k]);
+            }
+            for (ptrdiff_t i = b0 + 1; i < b1; i++)
+                for (int k = 0; k < NT; k++) {
+                    tile_v d = tile_sums_col(xk[k], rk[k], zk[k], inner, i, keep[k], sh[k]);
+                    t1[k] = TV_ADD(t1[k], d);
+                    t2[k] = TV_ADD(t2[k], TV_MUL(d, d));
+                }
+            for (int k = 0; k < NT; k++) {
+                s1[k] = TV_ADD(s1[k], t1[k]);
+                s2[k] = TV_ADD(s2[k], t2[k]);
+            }
+        }
+        for (int k = 0; k < NT; k++) {
+            a1[k] = TD_ADD(a1[k], TV_WIDEN(s1[k]));
+            a2[k] = TD_ADD(a2[k], TV_WIDEN(s2[k]));
+        }
+    }
+    for (int k = 0; k < NT; k++) {
+        tile_d shd = TV_WIDEN(sh[k]);
+        memcpy(s + 3 * T * k, &a1[k], sizeof a1[k]);
+        memcpy(s + 3 * T * k + T, &a2[k], sizeof a2[k]);
+        memcpy(s + 3 * T * k + 2 * T, &shd, sizeof shd);
+    }
+}
+
+LNF_ATTR static void tile_sums(const void *x, const void *r, void *z, ptrdiff_t inner,
+                               int centered, const void *shift, double *s, ptrdiff_t D,
+                               void *copy, int tiles)
+{
+    if (tiles == 2)
+        tile_sums_n(x, r, z, inner, centered, shift, s, D, copy, 2);
+    else
+        tile_sums_n(x, r, z, inner, centered, shift, s, D, copy, 1);
+}
+
+/* y = the forward map of NT adjacent tiles (map1) of the values xs
+ * (tile_sums' copy), k = {hi[T], lo[T], rstd[T]} per tile (after tile
+ * k - 1's, as the copies); b NULL: RMSNorm.  stream: y's columns by
+ * streaming stores (the caller checks their alignment and fences). */
+LNF_ATTR LNF_INLINE void tile_map_n(const void *xs, void *y, ptrdiff_t inner, const void *w,
+                                    const void *b, const void *k, ptrdiff_t D, int stream,
+                                    const int NT)
+{
+    enum { T = LNF_TILE };
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream;
     const LNF_T *wt = w, *bt = b, *kt = k, *xt = xs;
-    tile_v hi = tv_lanes(kt), lo = tv_lanes(kt + LNF_TILE), rs = tv_lanes(kt + 2 * LNF_TILE);
-    for (ptrdiff_t i = 0; i < D; i++) {
-        tile_v e = tv_lanes(xt + i * LNF_TILE);
-        if (bt != NULL)
-            tv_out(TCOL(y, i), TV_ADD(TV_MUL(TV_MUL(TV_SUB(TV_SUB(e, hi), lo), rs),
-                                             TV_SPLAT(wt[i])),
-                                      TV_SPLAT(bt[i])), nt);
-        else
-            tv_out(TCOL(y, i), TV_MUL(TV_MUL(e, rs), TV_SPLAT(wt[i])), nt);
+    tile_v hi[2], lo[2], rs[2];
+    for (int q = 0; q < NT; q++) {
+        hi[q] = tv_lanes(kt + 3 * T * q);
+        lo[q] = tv_lanes(kt + 3 * T * q + T);
+        rs[q] = tv_lanes(kt + 3 * T * q + 2 * T);
     }
+    for (ptrdiff_t i = 0; i < D; i++)
+        for (int q = 0; q < NT; q++) {
+            tile_v e = tv_lanes(xt + (q * D + i) * T);
+            LNF_S *yc = (LNF_S *)(void *)((char *)TCOL(y, i) + q * T * (ptrdiff_t)sizeof(LNF_S));
+            if (bt != NULL)
+                tv_out(yc, TV_ADD(TV_MUL(TV_MUL(TV_SUB(TV_SUB(e, hi[q]), lo[q]), rs[q]),
+                                         TV_SPLAT(wt[i])),
+                                  TV_SPLAT(bt[i])), nt);
+            else
+                tv_out(yc, TV_MUL(TV_MUL(e, rs[q]), TV_SPLAT(wt[i])), nt);
+        }
+}
+
+LNF_ATTR static void tile_map(const void *xs, void *y, ptrdiff_t inner, const void *w,
+                              const void *b, const void *k, ptrdiff_t D, int stream, int tiles)
+{
+    if (tiles == 2)
+        tile_map_n(xs, y, inner, w, b, k, D, stream, 2);
+    else
+        tile_map_n(xs, y, inner, w, b, k, D, stream, 1);
 }
 
 /* The backward sums' terms of column i: d = x - m, g = dy w, g d; x and dy
