@@ -95,3 +95,13 @@ def test_arguments_that_do_not_fit_are_refused_before_use(tmp_path):
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
     p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_tiles_two_at_once_give_the_bits_of_one_at_a_time(tmp_path):
+    # channels-first rows: forward outputs in x's layout pair full tiles,
+    # outputs channels-last take every tile alone (sanitized where possible)
+    exe = build(tmp_path, "tile_pairs_check",
+                ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"])
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
