@@ -19,7 +19,9 @@
 #include <sys/mman.h>
 #endif
 
-#define LNF_POOL_MIN ((size_t)1 << 20)
+/* From glibc's default mmap threshold: smaller buffers come from the heap,
+ * larger ones (a channels-first call's mean and rstd) may be mapped afresh. */
+#define LNF_POOL_MIN ((size_t)1 << 17)
 #define LNF_POOL_SLOTS 16
 
 typedef struct {
