@@ -3,7 +3,8 @@
 with a residual and RMSNorm, forward and backward, on every instruction set
 of this CPU, and its outputs are the Python functions' bytes; another
 (tests/c_api/fpenv_check.c) holds the kernels' bits with flush-to-zero set
-by the caller."""
+by the caller; tests/c_api/tile_pairs_check.c holds the forward's tiles taken
+two at once to those taken one at a time."""
 import os
 import pathlib
 import shutil
@@ -87,21 +88,23 @@ def test_flush_to_zero_on_the_calling_threads_changes_no_bit(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_arguments_that_do_not_fit_are_refused_before_use(tmp_path):
-    # NULL blocks, negative lengths, misaligned outputs, huge D and thread
-    # counts: LNF_EINVAL or a clamp, never a crash (sanitized where possible)
-    exe = build(tmp_path, "bad_args_check",
+def run_sanitized(tmp, name):
+    """Build tests/c_api/NAME.c with ASan and UBSan where the compiler takes
+    them, run it, and expect exit status 0."""
+    exe = build(tmp, name,
                 ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"])
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
     p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_arguments_that_do_not_fit_are_refused_before_use(tmp_path):
+    # NULL blocks, negative lengths, misaligned outputs, huge D and thread
+    # counts: LNF_EINVAL or a clamp, never a crash
+    run_sanitized(tmp_path, "bad_args_check")
 
 
 def test_tiles_two_at_once_give_the_bits_of_one_at_a_time(tmp_path):
     # channels-first rows: forward outputs in x's layout pair full tiles,
-    # outputs channels-last take every tile alone (sanitized where possible)
-    exe = build(tmp_path, "tile_pairs_check",
-                ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"])
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
-    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
+    # outputs channels-last take every tile alone
+    run_sanitized(tmp_path, "tile_pairs_check")

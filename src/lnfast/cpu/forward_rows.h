@@ -7,8 +7,9 @@
 #define F(name) name##_f32
 #endif
 
-/* k = {hi, lo, rstd} of a row from its sums s over x - s[2] (RMSNorm:
- * over x); 0 for the rare rows that row_exact must redo.
+/* row_stats: k = {hi, lo, rstd} of a row from its sums s over x - s[2]
+ * (RMSNorm: over x); 0 for the rare rows that row_exact must redo.  In two
+ * steps: row_moments (the divisions and the square root), row_stats_of.
  *
  * LayerNorm sums run over x - shift, the mean of the row's first few
  * values (row_shift): shifting by a value near the row's keeps the sums of
@@ -22,13 +23,23 @@
  * mean would round away; lo also carries the rounding error of the float64
  * mean's own last addition (TwoSum), which float64 rows with a large offset
  * need.  RMSNorm sums x^2 without a shift. */
-static inline int F(row_stats)(const double *s, ptrdiff_t D, double eps, int centered, REAL *k)
+static inline void F(row_moments)(double s0, double s1, double D, double eps, int centered,
+                                  double *mean, double *var, double *rstd)
 {
-    double mean = centered ? s[0] / D : 0.0;
-    double var = s[1] / D - mean * mean;
+    double q = s0 / D;      /* (divided whether used or not: straight-line code) */
+    double m = centered ? q : 0.0;
+    double v = s1 / D - m * m;
+    v = v < 0.0 ? 0.0 : v;      /* clamp rounding below zero; NaN stays */
+    *mean = m;
+    *var = v;
+    *rstd = 1.0 / sqrt(v + eps);
+}
+
+/* row_stats after row_moments (mean, var, rstd). */
+static inline int F(row_stats_of)(const double *s, ptrdiff_t D, double eps, double mean,
+                                  double var, double rstd, REAL *k)
+{
     double d = mean, t, err;
-    var = var < 0.0 ? 0.0 : var;      /* clamp rounding below zero; NaN stays */
-    double rstd = 1.0 / sqrt(var + eps);
     /* Squares in the working type: a row whose variance is below its floor
      * may have lost squares to underflow (rows whose sums are exactly zero,
      * constant rows among them, only matter where eps does not swamp that),
@@ -47,6 +58,25 @@ static inline int F(row_stats)(const double *s, ptrdiff_t D, double eps, int cen
     k[1] = (REAL)((mean - (double)k[0]) + err);
     k[2] = (REAL)rstd;
     return 1;
+}
+
+static inline int F(row_stats)(const double *s, ptrdiff_t D, double eps, int centered, REAL *k)
+{
+    double mean, var, rstd;
+    F(row_moments)(s[0], s[1], (double)D, eps, centered, &mean, &var, &rstd);
+    return F(row_stats_of)(s, D, eps, mean, var, rstd, k);
+}
+
+/* row_moments of a tile's LNF_TILE lanes (sums s[j], s[T + j]): the
+ * divisions and square roots of short rows far apart cost as much as their
+ * sums one lane at a time; in a loop of their own they take several lanes
+ * per instruction (built for each instruction set, LNF_CLONES). */
+LNF_CLONES static void F(tile_moments)(const double *__restrict s, double D, double eps,
+                                       int centered, double *__restrict mean,
+                                       double *__restrict var, double *__restrict rstd)
+{
+    for (int j = 0; j < LNF_TILE; j++)
+        F(row_moments)(s[j], s[LNF_TILE + j], D, eps, centered, &mean[j], &var[j], &rstd[j]);
 }
 
 /* Sum a LayerNorm row again, about its mean, where the sums s (about s[2])
@@ -319,11 +349,15 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
         for (int q = 0; q < tiles; q++)
             F(resum_far_tile)(f, ops, (res ? pz : px) + q * T * isz, inner, s + 3 * T * q,
                               LNF_MIN(n - q * T, (ptrdiff_t)T));
+        double mean[2 * T], var[2 * T], rstd[2 * T];
+        for (int q = 0; q < tiles; q++)
+            F(tile_moments)(s + 3 * T * q, (double)D, a->eps, c, mean + T * q, var + T * q,
+                            rstd + T * q);
         for (ptrdiff_t j = 0; j < n; j++) {
             ptrdiff_t o = 3 * T * (j / T) + j % T;      /* lane j % T of tile j / T */
             double sj[3] = {s[o], s[o + T], s[o + 2 * T]};
             REAL kj[3];
-            hard[j] = !F(row_stats)(sj, D, a->eps, c, kj);
+            hard[j] = !F(row_stats_of)(sj, D, a->eps, mean[j], var[j], rstd[j], kj);
             for (int q = 0; q < 3; q++)
                 k[o + q * T] = hard[j] ? 0 : kj[q];
             if (hard[j]) {      /* (copied: the map may overwrite it, y being x) */
