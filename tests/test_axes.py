@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import lnfast
+from lnfast import _threads
 from lnfast import reference as ref
 from lnfast._checks import axes as norm_axes
 
@@ -266,13 +267,14 @@ def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_tiles_two_at_once_or_one_by_one(rng, dtype):
     """The forward takes two full tiles of a run at once where it can
-    (forward_tiles). Runs of 63 rows (three full tiles and a short one)
-    split between threads pair other tiles ((0, 1) on one thread, (1, 2)
-    where a thread starts at tile 1), and an output in another layout has
-    every tile copied and taken alone: the same bits every way. Hard rows
-    (constant, offset, summed again about their mean) sit in the first and
-    second tiles of pairs."""
-    x = (rng.standard_normal((4, 40, 7, 9)) * 2 + 0.5).astype(dtype)
+    (forward_tiles; AVX-512 float32 and 16-bit). Runs of 63 rows (three
+    full tiles and a short one) split between threads pair other tiles
+    ((0, 1) on one thread, (1, 2) where a thread starts at tile 1: 20160
+    elements, enough for several threads), and an output in another layout
+    has every tile copied and taken alone: the same bits every way. Hard
+    rows (constant, offset, summed again about their mean) sit in the
+    first and second tiles of pairs."""
+    x = (rng.standard_normal((8, 40, 7, 9)) * 2 + 0.5).astype(dtype)
     # rows redone in float64: squares that underflow (float32, float64) or
     # overflow (bfloat16; float16 has no such rows)
     scale = {np.float32: 1e-40, np.float64: 1e-300, ml_dtypes.bfloat16: 1e37}.get(dtype)
@@ -298,6 +300,7 @@ def test_forward_tiles_two_at_once_or_one_by_one(rng, dtype):
     assert np.array_equal(lnfast.rms_norm(x, w, axis=1, out=alone), want[3])
     for threads in (2, 3, 4, 5):
         lnfast.set_num_threads(threads)
+        assert _threads.threads_for(x.size) == threads
         for a, e in zip(run(), want):
             assert np.array_equal(a, e)
     ry, rmean, rrstd = ref.layer_norm_forward(moved(x, (1,)), w, b)

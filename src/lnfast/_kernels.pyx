@@ -335,7 +335,7 @@ def empty_cache():
     """Return the cached output buffers (and the cached stand-in weight
     vectors) to the system.
 
-    Outputs of 1 MiB or more are drawn from a cache of freed buffers of
+    Outputs of 128 KiB or more are drawn from a cache of freed buffers of
     the same size (at most ``LNFAST_CACHE_BYTES``, 1 GiB by default), which
     saves the page faults of fresh memory on repeated calls.
 

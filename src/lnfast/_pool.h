@@ -19,10 +19,14 @@
 #include <sys/mman.h>
 #endif
 
-/* From glibc's default mmap threshold: smaller buffers come from the heap,
- * larger ones (a channels-first call's mean and rstd) may be mapped afresh. */
+/* From glibc's default mmap threshold: buffers of this size and up (a
+ * channels-first call's mean and rstd) come back to the heap's top or are
+ * mapped, and glibc returns them to the system when freed, so that the next
+ * call faults their pages in again.  Slots for a few layers' y, mean, rstd
+ * and dx; huge pages from 4 MiB, as NumPy's own allocator asks for them. */
 #define LNF_POOL_MIN ((size_t)1 << 17)
-#define LNF_POOL_SLOTS 16
+#define LNF_POOL_SLOTS 64
+#define LNF_POOL_HUGE ((size_t)1 << 22)
 
 typedef struct {
     void *ptr;
@@ -63,7 +67,7 @@ static void *lnf_pool_malloc(void *ctx, size_t size)
 #endif
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
         /* As NumPy's own allocator does: fewer faults, each zeroing 2 MiB. */
-        if (p != NULL)
+        if (p != NULL && size >= LNF_POOL_HUGE)
             madvise((void *)(((size_t)p + 4095) & ~(size_t)4095), size - 4096, MADV_HUGEPAGE);
 #endif
         return p;

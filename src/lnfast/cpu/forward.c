@@ -91,7 +91,7 @@ int lnf_forward(const lnf_forward_args *a)
     f.stream = f.direct ? lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
                                        a->M * a->D * lnf_itemsize(a->y.dtype))
                         : f.run && f.y_like && lnf_tile_streamed(&a->y, f.run, a->M, a->D);
-    f.pairs = f.run && a->D <= LNF_TILE_PAIR_MAX_D;
+    f.pairs = f.run && a->D <= LNF_TILE_PAIR_MAX_D && f.kx->ops->tile_pairs;
     f.nthreads = (int)LNF_MAX(1, LNF_MIN(LNF_MIN(a->nthreads, LNF_MAX_THREADS), a->M));
     int wide = !lnf_native(&a->weight) || (a->centered && !lnf_native(&a->bias));
     lnf_scratches s;

@@ -57,6 +57,9 @@ typedef struct lnf_row_ops {
                           ptrdiff_t inner, const void *k, void *gw, void *gb, const void *w,
                           ptrdiff_t D, int stream);
     void (*tile_fold)(void *runs, double *dw, ptrdiff_t width);
+    /* Whether the forward's tile operations gain from two tiles at once
+     * (speed only: the bits are those of one at a time). */
+    int tile_pairs;
 } lnf_row_ops;
 
 /* 16-bit rows of any byte stride to and from float32 (convert.c). */

@@ -782,7 +782,13 @@ LNF_ATTR static void grad_map_sums(const void *x, const void *dy, const void *dz
 
 #include "tileops.h"
 
+/* The forward's tiles two at once pay where a tile's lanes are one
+ * AVX-512 vector of float32 (16-bit rows are widened to it); with
+ * narrower vectors, or float64 lanes, the second tile's sums spill
+ * (docs/performance_axes.md). */
+#define TILE_PAIRS (LNF_VECTOR && LNF_VB == 64 && !LNF_DOUBLE)
+
 const lnf_row_ops LNF_CAT(lnf_ops, LNF_NAME) = {
     row_sums,  row_map,  row_map_sums,   grad_sums,     grad_map, grad_map_sums,
-    tile_sums, tile_map, tile_grad_sums, tile_grad_map, tile_fold,
+    tile_sums, tile_map, tile_grad_sums, tile_grad_map, tile_fold, TILE_PAIRS,
 };

@@ -36,8 +36,8 @@ typedef uint16_t lnf_vh4 __attribute__((vector_size(8)));
 /* Code built for AVX-512 or AVX2 and chosen at run time: target
  * attributes and __builtin_cpu_supports, which any C library on x86-64
  * Linux allows (glibc and musl).  target_clones (LNF_CLONES, for the
- * element-wise helpers of convert.c and backward.c) also needs glibc's
- * ifunc. */
+ * element-wise helpers of convert.c and backward.c and the tiles' row
+ * statistics in forward_rows.h) also needs glibc's ifunc. */
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) \
     && !defined(LNFAST_NO_DISPATCH) && (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 8)
 #define LNF_CPU_DISPATCH 1
