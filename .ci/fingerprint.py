@@ -2,9 +2,11 @@
 
 Builds that must agree bit for bit (any thread count, SSE2 or AVX-512, with
 or without OpenMP, gcc or clang, vector or plain C row loops) print the same
-hash.
+hash.  An argument picks the code the row operations run, as
+`lnfast._cpu.simd_path` takes it (best, avx512, avx2, portable).
 """
 import hashlib
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -12,6 +14,8 @@ import numpy as np
 import lnfast
 from lnfast import _cpu
 
+if len(sys.argv) > 1:
+    _cpu.simd_path(sys.argv[1])
 rng = np.random.default_rng(7)
 h = hashlib.sha256()
 DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)

@@ -10,8 +10,8 @@
 #include "lnfast_cpu.h"
 
 #define LNF_DEFINE_ROW_CONVERSIONS(NAME, TO_F32, FROM_F32)                                \
-    LNF_CLONES void lnf_widen_##NAME##_portable(const char *src, ptrdiff_t stride,        \
-                                                float *dst, ptrdiff_t n)                  \
+    LNF_CLONES static void widen_##NAME(const char *src, ptrdiff_t stride, float *dst,    \
+                                        ptrdiff_t n)                                      \
     {                                                                                     \
         if (stride == 2) {                                                                \
             const uint16_t *s = (const uint16_t *)(const void *)src;                      \
@@ -22,8 +22,8 @@
                 dst[i] = TO_F32(*(const uint16_t *)(const void *)(src + i * stride));     \
         }                                                                                 \
     }                                                                                     \
-    LNF_CLONES void lnf_narrow_##NAME##_portable(const float *src, char *dst,             \
-                                                 ptrdiff_t stride, ptrdiff_t n)           \
+    LNF_CLONES static void narrow_##NAME(const float *src, char *dst, ptrdiff_t stride,   \
+                                         ptrdiff_t n)                                     \
     {                                                                                     \
         if (stride == 2) {                                                                \
             uint16_t *d = (uint16_t *)(void *)dst;                                        \
@@ -33,6 +33,16 @@
             for (ptrdiff_t i = 0; i < n; i++)                                             \
                 *(uint16_t *)(void *)(dst + i * stride) = FROM_F32(src[i]);               \
         }                                                                                 \
+    }                                                                                     \
+    void lnf_widen_##NAME##_portable(const char *src, ptrdiff_t stride, float *dst,       \
+                                     ptrdiff_t n)                                         \
+    {                                                                                     \
+        widen_##NAME(src, stride, dst, n);                                                \
+    }                                                                                     \
+    void lnf_narrow_##NAME##_portable(const float *src, char *dst, ptrdiff_t stride,      \
+                                      ptrdiff_t n)                                        \
+    {                                                                                     \
+        narrow_##NAME(src, dst, stride, n);                                               \
     }
 LNF_DEFINE_ROW_CONVERSIONS(f16, lnf_f16_to_f32, lnf_f32_to_f16)
 LNF_DEFINE_ROW_CONVERSIONS(bf16, lnf_bf16_to_f32, lnf_f32_to_bf16)
@@ -133,8 +143,8 @@ LNF_NEON_ROW_CONVERSIONS(bf16)
  * it vectorizes: the backward's float64 sums of 16-bit dweight/dbias on
  * their way to the row narrowing (a branch per value went either way at
  * random, docs/performance.md). */
-LNF_CLONES void lnf_f64_to_f32_odd_row(const double *__restrict src, float *__restrict dst,
-                                       ptrdiff_t n)
+LNF_CLONES static void f64_to_f32_odd_row(const double *__restrict src, float *__restrict dst,
+                                          ptrdiff_t n)
 {
     for (ptrdiff_t i = 0; i < n; i++) {
         double v = src[i];
@@ -143,4 +153,9 @@ LNF_CLONES void lnf_f64_to_f32_odd_row(const double *__restrict src, float *__re
         uint32_t away = __builtin_fabs((double)f) > __builtin_fabs(v);
         dst[i] = lnf_float((lnf_bits(f) - (inexact & away)) | inexact);
     }
+}
+
+void lnf_f64_to_f32_odd_row(const double *src, float *dst, ptrdiff_t n)
+{
+    f64_to_f32_odd_row(src, dst, n);
 }
