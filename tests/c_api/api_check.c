@@ -10,20 +10,14 @@
  *   then y, rstd, dx, dwdb (RMSNorm); raw, C order.
  * Built by tests/test_c_api.py (gcc or clang, OpenMP when it has it) and
  * by .ci/run against musl. */
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "halfconv.h"
-#include "lnfast_cpu.h"
+#include "check_util.h"
 
 enum { M = 37, D = 333, NOUT = 10, NPATHS = 4 };
-static const int types[4] = {LNF_FLOAT32, LNF_FLOAT64, LNF_FLOAT16, LNF_BFLOAT16};
 static const char *names[4] = {"float32", "float64", "float16", "bfloat16"};
-
-static size_t itemsize(int t) { return t == LNF_FLOAT64 ? 8 : t == LNF_FLOAT32 ? 4 : 2; }
-static int compute(int t) { return t == LNF_FLOAT64 ? LNF_FLOAT64 : LNF_FLOAT32; }
 
 /* A deterministic value in [-2, 2) stored as type t at p[i]. */
 static uint32_t seed = 12345;
@@ -31,11 +25,7 @@ static void fill(void *p, int t, size_t n, double scale, double offset)
 {
     for (size_t i = 0; i < n; i++) {
         seed = seed * 1664525u + 1013904223u;
-        double v = ((seed >> 8) / 16777216.0 * 4 - 2) * scale + offset;
-        if (t == LNF_FLOAT64) ((double *)p)[i] = v;
-        else if (t == LNF_FLOAT32) ((float *)p)[i] = (float)v;
-        else if (t == LNF_FLOAT16) ((uint16_t *)p)[i] = lnf_f32_to_f16((float)v);
-        else ((uint16_t *)p)[i] = lnf_f32_to_bf16((float)v);
+        put(p, t, i, ((seed >> 8) / 16777216.0 * 4 - 2) * scale + offset);
     }
 }
 
@@ -44,15 +34,6 @@ static lnf_array rows(void *p, int t, ptrdiff_t nrows, ptrdiff_t ncols)
     lnf_array a;
     ptrdiff_t shape[2] = {nrows, ncols}, strides[2] = {ncols * (ptrdiff_t)itemsize(t), (ptrdiff_t)itemsize(t)};
     if (lnf_array_init(&a, p, t, 2, shape, strides) != LNF_OK)
-        exit(2);
-    return a;
-}
-
-static lnf_array vector(void *p, int t)
-{
-    lnf_array a;
-    ptrdiff_t shape[1] = {D}, strides[1] = {(ptrdiff_t)itemsize(t)};
-    if (lnf_array_init(&a, p, t, 1, shape, strides) != LNF_OK)
         exit(2);
     return a;
 }
@@ -113,8 +94,8 @@ int main(int argc, char **argv)
             fa.residual = rows(r, t, M, D);
             fa.z = rows(out[p][1], t, M, D);
             fa.y = rows(out[p][0], t, M, D);
-            fa.weight = vector(w, ct);
-            fa.bias = vector(b, ct);
+            fa.weight = vector(w, ct, D);
+            fa.bias = vector(b, ct, D);
             fa.weight_len = fa.bias_len = D;
             fa.mean = out[p][2];
             fa.rstd = out[p][3];
@@ -125,7 +106,7 @@ int main(int argc, char **argv)
             ba.dy = rows(r, t, M, D);
             ba.dz = rows(x, t, M, D);               /* plus x as dz */
             ba.dx = rows(out[p][4], t, M, D);
-            ba.weight = vector(w, ct);
+            ba.weight = vector(w, ct, D);
             ba.mean = out[p][2];
             ba.rstd = out[p][3];
             ba.dwdb = out[p][5];

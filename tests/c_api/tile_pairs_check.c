@@ -10,29 +10,15 @@
  * residual and dz, LayerNorm and RMSNorm, rows redone in float64 in both
  * tiles of a pair, 1 and 3 threads (the third starting at tile 1 of a run
  * of 72 rows).  Exits 1 on any difference.  Built by tests/test_c_api.py. */
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "halfconv.h"
-#include "lnfast_cpu.h"
+#include "check_util.h"
 
 enum { N = 5, C = 40, H = 8 };
 static ptrdiff_t W, HW, M, SIZE;     /* W: 9 or 8 */
-static const int types[4] = {LNF_FLOAT32, LNF_FLOAT64, LNF_FLOAT16, LNF_BFLOAT16};
-
-static size_t itemsize(int t) { return t == LNF_FLOAT64 ? 8 : t == LNF_FLOAT32 ? 4 : 2; }
-static int compute(int t) { return t == LNF_FLOAT64 ? LNF_FLOAT64 : LNF_FLOAT32; }
-
 static uint32_t seed = 777;
-static void put(void *p, int t, size_t i, double v)
-{
-    if (t == LNF_FLOAT64) ((double *)p)[i] = v;
-    else if (t == LNF_FLOAT32) ((float *)p)[i] = (float)v;
-    else if (t == LNF_FLOAT16) ((uint16_t *)p)[i] = lnf_f32_to_f16((float)v);
-    else ((uint16_t *)p)[i] = lnf_f32_to_bf16((float)v);
-}
 
 /* Values in [-2, 2) * scale + offset with all of float64's digits (so that
  * sums of them round, whatever their order). */
@@ -56,15 +42,6 @@ static lnf_array rows(void *p, int t, int last)
     ptrdiff_t first[4] = {C * HW * s, W * s, s, HW * s};
     ptrdiff_t other[4] = {C * HW * s, W * C * s, C * s, s};
     if (lnf_array_init(&a, p, t, 4, shape, last ? other : first) != LNF_OK)
-        exit(2);
-    return a;
-}
-
-static lnf_array vector(void *p, int t)
-{
-    lnf_array a;
-    ptrdiff_t shape[1] = {C}, strides[1] = {(ptrdiff_t)itemsize(t)};
-    if (lnf_array_init(&a, p, t, 1, shape, strides) != LNF_OK)
         exit(2);
     return a;
 }
@@ -132,7 +109,7 @@ int main(void)
                         fa.residual = rows(r, t, 0);
                         fa.z = rows(o[1], t, last);
                         fa.y = rows(o[0], t, last);
-                        fa.weight = vector(w, ct), fa.bias = vector(b, ct);
+                        fa.weight = vector(w, ct, C), fa.bias = vector(b, ct, C);
                         fa.weight_len = fa.bias_len = C;
                         fa.mean = o[2], fa.rstd = o[3];
                         fa.M = M, fa.D = C, fa.eps = 1e-5;
@@ -143,7 +120,7 @@ int main(void)
                         ba.dy = rows(dy, t, 0);
                         ba.dz = rows(dz, t, 0);
                         ba.dx = rows(o[4], t, last);
-                        ba.weight = vector(w, ct);
+                        ba.weight = vector(w, ct, C);
                         ba.mean = o[2], ba.rstd = o[3];
                         ba.dwdb = o[5], ba.dwdb_dtype = ct;
                         ba.M = M, ba.D = C, ba.nchunks = 1;

@@ -113,6 +113,14 @@ static inline int lnf_tile_next_full(ptrdiff_t r, ptrdiff_t r1, ptrdiff_t run)
     return r + 2 * LNF_TILE <= r1 && r % run + 2 * LNF_TILE <= run;
 }
 
+/* Where the j-th of the rows of tiles taken together has its values in
+ * arrays of 3 LNF_TILE values per tile (tile_sums' sums, tile_map's
+ * factors): lane j % LNF_TILE of tile j / LNF_TILE. */
+static inline ptrdiff_t lnf_tile_lane(ptrdiff_t j)
+{
+    return 3 * LNF_TILE * (j / LNF_TILE) + j % LNF_TILE;
+}
+
 /* How the sums read the tile at row r of a thread's rows r..r1-1, after
  * a tile read as `last` (tileops.h, tv_load_carry): with a carry where
  * `alike` (its columns all sit alike on their lines, read from the

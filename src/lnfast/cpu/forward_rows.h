@@ -354,7 +354,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             F(tile_moments)(s + 3 * T * q, (double)D, a->eps, c, mean + T * q, var + T * q,
                             rstd + T * q);
         for (ptrdiff_t j = 0; j < n; j++) {
-            ptrdiff_t o = 3 * T * (j / T) + j % T;      /* lane j % T of tile j / T */
+            ptrdiff_t o = lnf_tile_lane(j);
             double sj[3] = {s[o], s[o + T], s[o + 2 * T]};
             REAL kj[3];
             hard[j] = !F(row_stats_of)(sj, D, a->eps, mean[j], var[j], rstd[j], kj);
@@ -376,7 +376,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
         for (ptrdiff_t j = 0; j < n && nhard > 0; j++) {
             if (!hard[j])
                 continue;
-            ptrdiff_t o = 3 * T * (j / T) + j % T;
+            ptrdiff_t o = lnf_tile_lane(j);
             REAL kj[3];
             F(row_exact)(slots + j * D, ybuf, w, b, D, a->eps, c, kj, f->wp, f->bp);
             lnf_store_row(&a->y, r + j, D, ybuf, sizeof(REAL));
@@ -384,7 +384,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             k[o + 2 * T] = kj[2];
         }
         for (ptrdiff_t j = 0; j < n; j++) {
-            ptrdiff_t o = 3 * T * (j / T) + j % T;
+            ptrdiff_t o = lnf_tile_lane(j);
             if (mean_out != NULL)
                 mean_out[r + j] = k[o];
             if (rstd_out != NULL)

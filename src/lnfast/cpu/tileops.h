@@ -297,16 +297,6 @@ LNF_ATTR static void tile_shift(const void *x, const void *r, ptrdiff_t inner, p
     }
 }
 
-/* s[0:T) = the lanes' sums of d = x - shift, s[T:2T) of d^2, s[2T:3T) the
- * shifts: shift[0:T) where given, else (centered) tile_shift's, else 0.
- * With r: x + r, stored to z and read as stored.  Where `copy` is
- * given, the values summed (x, or z as stored) are kept there in LNF_T,
- * LNF_TILE per column, for the map to read from the cache: rows far
- * apart may share few cache sets (a power of two apart, all of them).
- * NT adjacent tiles at once (1 or 2), tile k's LNF_TILE rows after tile
- * k - 1's, its shift, s and copy after tile k - 1's (LNF_TILE, 3 LNF_TILE
- * and D LNF_TILE values): each column's lines of the NT tiles are read
- * together, each tile's arithmetic as on its own. */
 /* d = column i of the rows to sum (tile_in) less the shift, the column
  * kept in `keep` where given. */
 LNF_ATTR LNF_INLINE tile_v tile_sums_col(const void *x, const void *r, void *z, ptrdiff_t inner,
@@ -319,6 +309,16 @@ LNF_ATTR LNF_INLINE tile_v tile_sums_col(const void *x, const void *r, void *z, 
     return TV_SUB(e, sh);
 }
 
+/* s[0:T) = the lanes' sums of d = x - shift, s[T:2T) of d^2, s[2T:3T) the
+ * shifts: shift[0:T) where given, else (centered) tile_shift's, else 0.
+ * With r: x + r, stored to z and read as stored.  Where `copy` is
+ * given, the values summed (x, or z as stored) are kept there in LNF_T,
+ * LNF_TILE per column, for the map to read from the cache: rows far
+ * apart may share few cache sets (a power of two apart, all of them).
+ * NT adjacent tiles at once (1 or 2), tile k's LNF_TILE rows after tile
+ * k - 1's, its shift, s and copy after tile k - 1's (LNF_TILE, 3 LNF_TILE
+ * and D LNF_TILE values): each column's lines of the NT tiles are read
+ * together, each tile's arithmetic as on its own. */
 LNF_ATTR LNF_INLINE void tile_sums_n(const void *x, const void *r, void *z, ptrdiff_t inner,
                                      int centered, const void *shift, double *s, ptrdiff_t D,
                                      void *copy, const int NT)
