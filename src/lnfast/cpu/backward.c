@@ -205,13 +205,12 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
     ptrdiff_t npart = in_place || b->one_run ? 0 : stride * nchunks;
     p->nchunks = nchunks;
     p->stride = stride;
-    p->buffer = NULL;
-    if (npart + nruns + nsums > 0
-        && (p->buffer = lnf_malloc_aligned((size_t)(npart + nruns + nsums) * sizeof(double)))
-               == NULL)
+    /* (one value at least: no pointer below is arithmetic on NULL) */
+    ptrdiff_t n = LNF_MAX(npart + nruns + nsums, 1);
+    if ((p->buffer = lnf_malloc_aligned((size_t)n * sizeof(double))) == NULL)
         return LNF_ENOMEM;
     double *base = p->buffer;
-    p->part = b->one_run ? NULL : in_place ? (double *)a->dwdb : base;
+    p->part = in_place && !b->one_run ? (double *)a->dwdb : base;   /* (one run: unused) */
     p->runs = base + npart;
     p->sums = base + npart + nruns;
     return LNF_OK;

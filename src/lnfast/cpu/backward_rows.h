@@ -486,7 +486,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
                 F(backward_chunk)(b, w, mean, rstd, chunk_row(b, c, nchunks),
                                   chunk_row(b, c + 1, nchunks), part + stride * c,
                                   F(run_rows)(p, part + stride * c, t),
-                                  p->sums + 6 * nb * t, sc + t);
+                                  b->shared ? p->sums + 6 * nb * t : NULL, sc + t);
             lnf_fpenv_leave(env);
         }
     }
