@@ -264,6 +264,36 @@ def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
     assert err(results[0][4], rdw) < BWD_TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float64])
+def test_tile_backward_redoes_the_rows_it_cannot_take(rng, dtype):
+    """Rows the channels-first backward's tiles turn down are redone in
+    float64, one at a time, as the last-axis rows are: float32 (and 16-bit)
+    rows whose terms dy * w * (x - mean) pass float32's range, float64 rows
+    whose terms are subnormal on average. Runs of 35 rows hold two full
+    tiles and a short one; such rows sit in each. Their dx is what the row
+    kernels give for the same rows, bit for bit (the float64 row is the
+    same computation), and finite where the reference is."""
+    x = (rng.standard_normal((2, 40, 5, 7)) * 2 + 0.5).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = (1 + 0.2 * rng.standard_normal(40)).astype(dtype)
+    hard = [(0, 0, 3), (0, 3, 2), (1, 4, 6)]       # rows 3 (tile 0), 23 (tile 1), 69 (short)
+    for n, h, w_ in hard:
+        if dtype == np.float64:
+            x[n, :, h, w_] = rng.standard_normal(40) * 1e-310
+        else:
+            x[n, :, h, w_] = (rng.standard_normal(40) * 1e20).astype(dtype)
+            dy[n, :, h, w_] = (rng.standard_normal(40) * 1e20).astype(dtype)
+    _, mean, rstd = lnfast.layer_norm_forward(x, w, axis=1)
+    dx, dw, db = lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=1)
+    rows = lnfast.layer_norm_backward(np.ascontiguousarray(moved(dy, (1,))),
+                                      np.ascontiguousarray(moved(x, (1,))), mean, rstd, w)[0]
+    rdx = ref.layer_norm_backward(moved(dy, (1,)), moved(x, (1,)), mean, rstd, w)[0]
+    for n, h, w_ in hard:
+        assert np.array_equal(dx[n, :, h, w_], rows[n, h, w_]), (n, h, w_)
+    assert np.isfinite(dx.astype(np.float64)).all()
+    assert err(dx, back(rdx, x.shape, (1,))) < BWD_TOL[dtype]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_tiles_two_at_once_or_one_by_one(rng, dtype):
     """The forward takes two full tiles of a run at once where it can

@@ -23,20 +23,49 @@
  * The stored mean (rounded to REAL) serves as a shift; the residual
  * c = mean(x - mean) is recovered in float64, so xhat = (x - mean - c) * rstd
  * is as accurate as the forward pass even for large common offsets. */
-static inline int F(row_grad_scalars)(const double *s, ptrdiff_t D, int centered, REAL mean,
-                                      REAL rstd, REAL *k)
+static inline void F(row_grad_k)(double s0, double s1, double s2, double D, int centered,
+                                 REAL mean, REAL rstd, REAL *k)
 {
-    double c = centered ? s[0] / D : 0.0;
+    double c = centered ? s0 / D : 0.0;
     k[0] = mean;
     k[1] = (REAL)c;
     k[2] = rstd;
-    k[3] = centered ? (REAL)(s[1] / D) : 0;                     /* mean(g) */
-    k[4] = (REAL)(rstd * (s[2] - c * s[1]) / D);                /* mean(g * xhat) */
+    k[3] = centered ? (REAL)(s1 / D) : 0;                       /* mean(g) */
+    k[4] = (REAL)(rstd * (s2 - c * s1) / D);                    /* mean(g * xhat) */
+}
+
+/* Whether row_grad_k's row serves (else backward_exact redoes it). */
+static inline int F(row_grad_ok)(double s0, double s1, double s2, double D)
+{
     double tiny = REAL_F64 ? LNF_TINY_TERMS_F64 : LNF_TINY_TERMS_F32;
-    double all = s[0] + s[1] + s[2];
+    double all = s0 + s1 + s2;
     if (!REAL_F64 && !(-1e300 < all && all < 1e300))
         return 0;
-    return !(fabs(s[2]) < D * tiny && (s[2] != 0.0 || s[1] != 0.0));
+    return !(fabs(s2) < D * tiny && (s2 != 0.0 || s1 != 0.0));
+}
+
+static inline int F(row_grad_scalars)(const double *s, ptrdiff_t D, int centered, REAL mean,
+                                      REAL rstd, REAL *k)
+{
+    F(row_grad_k)(s[0], s[1], s[2], (double)D, centered, mean, rstd, k);
+    return F(row_grad_ok)(s[0], s[1], s[2], (double)D);
+}
+
+/* row_grad_k of a tile's LNF_TILE lanes (sums s[j], s[T + j], s[2 T + j];
+ * k[q T + j]) in a loop of their own, which takes several lanes per
+ * instruction (built for each instruction set, LNF_CLONES), as the
+ * forward's tile_stats. */
+LNF_CLONES static void F(tile_grad_k)(const double *__restrict s, double D, int centered,
+                                      const REAL *__restrict mean, const REAL *__restrict rstd,
+                                      REAL *__restrict k)
+{
+    enum { T = LNF_TILE };
+    for (int j = 0; j < T; j++) {
+        REAL kj[5];
+        F(row_grad_k)(s[j], s[T + j], s[2 * T + j], D, centered, mean[j], rstd[j], kj);
+        for (int q = 0; q < 5; q++)
+            k[q * T + j] = kj[q];
+    }
 }
 
 /* After the i-th of a chunk's n rows (from 0): add a full or final run of
@@ -348,7 +377,7 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     memset(lanes, 0, (size_t)(width * T) * sizeof(REAL));
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[3 * T];
-        REAL m[T] = {0}, k[5 * T] = {0};
+        REAL m[T] = {0}, rs[T] = {0}, k[5 * T];     /* (lanes past n: 0, as their sums) */
         int hard[T] = {0}, any = 0;
         ptrdiff_t inner = a->x.inner;
         const char *px = lnf_row(&a->x, r), *pdy = lnf_row(&a->dy, r);
@@ -365,18 +394,19 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             pdx = stage + 3 * tb;
             inner = T * isz;
         }
-        for (ptrdiff_t j = 0; j < n; j++)
+        for (ptrdiff_t j = 0; j < n; j++) {
             m[j] = c ? mean[r + j] : 0;
+            rs[j] = rstd[r + j];
+        }
         mode = lnf_tile_carry_mode(mode, !copy && inner % 64 == 0, r, r1, b->run);
         ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys, carries, mode);
+        F(tile_grad_k)(s, (double)D, c, m, rs, k);
         for (ptrdiff_t j = 0; j < n; j++) {
-            double sj[3] = {s[j], s[T + j], s[2 * T + j]};
-            REAL kj[5];
-            hard[j] = !F(row_grad_scalars)(sj, D, c, m[j], rstd[r + j], kj);
+            hard[j] = !F(row_grad_ok)(s[j], s[T + j], s[2 * T + j], (double)D);
             any |= hard[j];
-            for (int q = 0; q < 5; q++)
-                k[q * T + j] = hard[j] ? 0 : kj[q];
             if (hard[j]) {
+                for (int q = 0; q < 5; q++)
+                    k[q * T + j] = 0;
                 lnf_tile_clear((char *)xs, j, sizeof(REAL), D);
                 lnf_tile_clear((char *)dys, j, sizeof(REAL), D);
             }

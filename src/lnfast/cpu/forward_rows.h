@@ -9,7 +9,8 @@
 
 /* row_stats: k = {hi, lo, rstd} of a row from its sums s over x - s[2]
  * (RMSNorm: over x); 0 for the rare rows that row_exact must redo.  In two
- * steps: row_moments (the divisions and the square root), row_stats_of.
+ * steps: row_moments (the divisions and the square root), then row_ok and
+ * row_k.
  *
  * LayerNorm sums run over x - shift, the mean of the row's first few
  * values (row_shift): shifting by a value near the row's keeps the sums of
@@ -35,59 +36,79 @@ static inline void F(row_moments)(double s0, double s1, double D, double eps, in
     *rstd = 1.0 / sqrt(v + eps);
 }
 
-/* row_stats after row_moments (mean, var, rstd). */
-static inline int F(row_stats_of)(const double *s, ptrdiff_t D, double eps, double mean,
-                                  double var, double rstd, REAL *k)
+/* Whether a row's sums s0, s1 and row_moments (var, rstd) serve: squares
+ * in the working type, so a row whose variance is below its floor may
+ * have lost squares to underflow (rows whose sums are exactly zero,
+ * constant rows among them, only matter where eps does not swamp that),
+ * and one near the type's top may have overflowed; such rows, and float32
+ * rows whose deviations or rstd leave float32's range, are redone
+ * (row_exact).  NaN rows are redone too, and stay NaN. */
+static inline int F(row_ok)(double s0, double s1, double D, double eps, double var,
+                            double rstd)
 {
-    double d = mean, t, err;
-    /* Squares in the working type: a row whose variance is below its floor
-     * may have lost squares to underflow (rows whose sums are exactly zero,
-     * constant rows among them, only matter where eps does not swamp that),
-     * and one near the type's top may have overflowed; such rows, and
-     * float32 rows whose deviations or rstd leave float32's range, are
-     * redone (row_exact).  NaN rows are redone too, and stay NaN. */
     double floor = REAL_F64 ? LNF_VAR_FLOOR_F64 : LNF_VAR_FLOOR_F32;
-    if (!((var >= floor || (s[0] == 0.0 && s[1] == 0.0 && eps >= floor)) && s[1] < 1e300))
+    if (!((var >= floor || (s0 == 0.0 && s1 == 0.0 && eps >= floor)) && s1 < 1e300))
         return 0;
-    if (!REAL_F64 && !(D * var < 1e72 && 1e-30 < rstd && rstd < 1e30))
-        return 0;
-    mean += s[2];
-    t = mean - s[2];
-    err = (s[2] - (mean - t)) + (d - t);     /* mean + err == s[2] + d exactly */
-    k[0] = (REAL)mean;
-    k[1] = (REAL)((mean - (double)k[0]) + err);
+    return REAL_F64 || (D * var < 1e72 && 1e-30 < rstd && rstd < 1e30);
+}
+
+/* k = {hi, lo, rstd} from row_moments' mean (of x - shift) and rstd. */
+static inline void F(row_k)(double shift, double mean, double rstd, REAL *k)
+{
+    double hi = mean + shift, t = hi - shift;
+    double err = (shift - (hi - t)) + (mean - t);   /* hi + err == shift + mean exactly */
+    k[0] = (REAL)hi;
+    k[1] = (REAL)((hi - (double)k[0]) + err);
     k[2] = (REAL)rstd;
-    return 1;
 }
 
 static inline int F(row_stats)(const double *s, ptrdiff_t D, double eps, int centered, REAL *k)
 {
     double mean, var, rstd;
     F(row_moments)(s[0], s[1], (double)D, eps, centered, &mean, &var, &rstd);
-    return F(row_stats_of)(s, D, eps, mean, var, rstd, k);
+    if (!F(row_ok)(s[0], s[1], (double)D, eps, var, rstd))
+        return 0;
+    F(row_k)(s[2], mean, rstd, k);
+    return 1;
 }
 
-/* row_moments of a tile's LNF_TILE lanes (sums s[j], s[T + j]): the
- * divisions and square roots of short rows far apart cost as much as their
- * sums one lane at a time; in a loop of their own they take several lanes
- * per instruction (built for each instruction set, LNF_CLONES). */
-LNF_CLONES static void F(tile_moments)(const double *__restrict s, double D, double eps,
-                                       int centered, double *__restrict mean,
-                                       double *__restrict var, double *__restrict rstd)
+/* row_moments and row_k of a tile's LNF_TILE lanes (sums s[j], s[T + j],
+ * shift s[2 T + j]; k[j], k[T + j], k[2 T + j]; mean, var and rstd for
+ * resum_far_tile and row_ok): the
+ * divisions, square roots and conversions of short rows far apart cost as
+ * much as their sums one lane at a time; in a loop of their own they take
+ * several lanes per instruction (built for each instruction set,
+ * LNF_CLONES). */
+LNF_CLONES static void F(tile_stats)(const double *__restrict s, double D, double eps,
+                                     int centered, REAL *__restrict k, double *__restrict mean,
+                                     double *__restrict var, double *__restrict rstd)
 {
-    for (int j = 0; j < LNF_TILE; j++)
-        F(row_moments)(s[j], s[LNF_TILE + j], D, eps, centered, &mean[j], &var[j], &rstd[j]);
+    enum { T = LNF_TILE };
+    for (int j = 0; j < T; j++) {
+        REAL kj[3];
+        F(row_moments)(s[j], s[T + j], D, eps, centered, &mean[j], &var[j], &rstd[j]);
+        F(row_k)(s[2 * T + j], mean[j], rstd[j], kj);
+        k[j] = kj[0];
+        k[T + j] = kj[1];
+        k[2 * T + j] = kj[2];
+    }
 }
 
 /* Sum a LayerNorm row again, about its mean, where the sums s (about s[2])
  * say the shift was far from it (LNF_RESHIFT): each square (x - shift)^2 is
  * rounded in the working type, an error that the cancellation in
  * S2/D - (S1/D)^2 magnifies by 1 + (S1/D)^2 / var. */
+static inline int F(far_shift)(double m, double var)
+{
+    /* (var clamped at 0 or not: the same answer, as var < 0 means m != 0) */
+    return m * m > LNF_RESHIFT * var;
+}
+
 static inline void F(resum_far_shift)(const lnf_row_ops *ops, const void *row, double *s,
                                       ptrdiff_t D, int centered)
 {
     double m = s[0] / D;
-    if (centered && m * m > LNF_RESHIFT * (s[1] / D - m * m))
+    if (centered && F(far_shift)(m, s[1] / D - m * m))
         ops->sums(row, NULL, NULL, 2, (REAL)(s[2] + m), s, D, NULL, NULL);
 }
 
@@ -276,28 +297,28 @@ static void F(forward_row)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL 
 
 /* The per-lane sums s (tile_sums) of the tile at `in`, n rows, summed
  * again about their means where resum_far_shift would (the same test and
- * shift, lane by lane). */
-static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const void *in,
-                              ptrdiff_t inner, double *s, ptrdiff_t n)
+ * shift, lane by lane, from tile_stats' mean and var); whether any was. */
+static int F(resum_far_tile)(const lnf_row_ops *ops, const void *in, ptrdiff_t inner, double *s,
+                             ptrdiff_t D, ptrdiff_t n, const double *mean, const double *var)
 {
     enum { T = LNF_TILE };
-    ptrdiff_t D = f->a->D;
     double again[3 * T];
     REAL shift[T] = {0};
     int far[T], any = 0;
     for (ptrdiff_t j = 0; j < n; j++) {
-        double m = s[j] / D;
-        far[j] = f->a->centered && m * m > LNF_RESHIFT * (s[T + j] / D - m * m);
-        shift[j] = (REAL)(far[j] ? s[2 * T + j] + m : s[2 * T + j]);
+        far[j] = F(far_shift)(mean[j], var[j]);
         any |= far[j];
     }
     if (!any)
-        return;
+        return 0;
+    for (ptrdiff_t j = 0; j < n; j++)
+        shift[j] = (REAL)(far[j] ? s[2 * T + j] + mean[j] : s[2 * T + j]);
     ops->tile_sums(in, NULL, NULL, inner, 1, shift, again, D, NULL, 1);
     for (ptrdiff_t j = 0; j < n; j++)
         if (far[j])
             for (int q = 0; q < 3; q++)
                 s[q * T + j] = again[q * T + j];
+    return 1;
 }
 
 /* Rows r0..r1-1 far apart whose neighbours are adjacent, by tiles of
@@ -308,7 +329,7 @@ static void F(resum_far_tile)(const lnf_fwd *f, const lnf_row_ops *ops, const vo
  * are short (f->pairs): each column's two tiles are then read together,
  * adjacent, which the memory serves faster than pieces a tile apart (the
  * arithmetic, and so every bit, is that of one tile at a time).  The map
- * reads the values the sums kept (xs).  The rows that row_stats turns
+ * reads the values the sums kept (xs).  The rows that row_ok turns
  * down are gathered into the thread's rows before the tiles are mapped
  * (y may be x), redone by row_exact and stored after. */
 static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
@@ -326,8 +347,8 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
     char *stage = (char *)(xs + most * T * D);  /* x, residual, z, y of a short tile */
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[2 * 3 * T];                /* per tile: 3 T sums (tile_sums) */
-        REAL k[2 * 3 * T] = {0};            /* per tile: hi, lo, rstd (tile_map) */
-        int hard[2 * T] = {0}, nhard = 0;
+        REAL k[2 * 3 * T];                  /* per tile: hi, lo, rstd (tile_map) */
+        int hard[2 * T], nhard = 0;
         ptrdiff_t inner = a->x.inner;
         const char *px = lnf_row(&a->x, r), *pr = res ? lnf_row(&a->residual, r) : NULL;
         char *pz = res ? lnf_row(&a->z, r) : NULL, *py = lnf_row(&a->y, r);
@@ -346,21 +367,22 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
         ops->tile_sums(px, pr, pz, inner, c, NULL, s, D, xs, tiles);
         if (res && copy)        /* (z in place before its rare rows are read) */
             lnf_tile_scatter_to(pz, &a->z, f->z_like, r, n, isz, D);
-        for (int q = 0; q < tiles; q++)
-            F(resum_far_tile)(f, ops, (res ? pz : px) + q * T * isz, inner, s + 3 * T * q,
-                              LNF_MIN(n - q * T, (ptrdiff_t)T));
-        double mean[2 * T], var[2 * T], rstd[2 * T];
-        for (int q = 0; q < tiles; q++)
-            F(tile_moments)(s + 3 * T * q, (double)D, a->eps, c, mean + T * q, var + T * q,
-                            rstd + T * q);
+        double mean[T], var[2 * T], rstd[2 * T];
+        for (int q = 0; q < tiles; q++) {
+            double *sq = s + 3 * T * q;
+            F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                          rstd + T * q);
+            if (c && F(resum_far_tile)(ops, (res ? pz : px) + q * T * isz, inner, sq, D,
+                                       LNF_MIN(n - q * T, (ptrdiff_t)T), mean, var + T * q))
+                F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                              rstd + T * q);
+        }
         for (ptrdiff_t j = 0; j < n; j++) {
             ptrdiff_t o = lnf_tile_lane(j);
-            double sj[3] = {s[o], s[o + T], s[o + 2 * T]};
-            REAL kj[3];
-            hard[j] = !F(row_stats_of)(sj, D, a->eps, mean[j], var[j], rstd[j], kj);
-            for (int q = 0; q < 3; q++)
-                k[o + q * T] = hard[j] ? 0 : kj[q];
+            hard[j] = !F(row_ok)(s[o], s[o + T], (double)D, a->eps, var[j], rstd[j]);
             if (hard[j]) {      /* (copied: the map may overwrite it, y being x) */
+                for (int q = 0; q < 3; q++)
+                    k[o + q * T] = 0;
                 REAL *slot = slots + j * D;
                 const void *row = lnf_load_row(in, r + j, D, slot, sizeof(REAL));
                 if (row != slot)

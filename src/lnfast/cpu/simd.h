@@ -37,9 +37,10 @@ typedef uint16_t lnf_vh4 __attribute__((vector_size(8)));
  * attributes and __builtin_cpu_supports, which any C library on x86-64
  * Linux allows (glibc and musl).  target_clones (LNF_CLONES, for the
  * element-wise helpers of convert.c and backward.c and the tiles' row
- * statistics in forward_rows.h) also needs glibc's ifunc, and goes on
- * static functions only: clang (14 to 16) names an external function's
- * clones `name.ifunc`, which calls from other files do not link to. */
+ * statistics in forward_rows.h and backward_rows.h) also needs glibc's
+ * ifunc, and goes on static functions only: clang (14 to 16) names an
+ * external function's clones `name.ifunc`, which calls from other files
+ * do not link to. */
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) \
     && !defined(LNFAST_NO_DISPATCH) && (defined(__clang__) ? __clang_major__ >= 14 : __GNUC__ >= 8)
 #define LNF_CPU_DISPATCH 1
