@@ -44,7 +44,8 @@ typedef struct lnf_bwd {
 typedef struct lnf_reduction {
     ptrdiff_t nchunks;
     ptrdiff_t stride;           /* doubles from one chunk's partial rows to the next */
-    double *part;               /* the chunks' partial rows (the output itself when in place) */
+    double *part;               /* the chunks' partial rows (the output itself when in
+                                 * place; NULL for one run, which has none) */
     void *runs;                 /* float32 runs, a partial stride per thread */
     double *sums;               /* blocked: 6 nb doubles of block sums per thread */
     void *buffer;               /* what was allocated for them */
@@ -155,6 +156,12 @@ static inline ptrdiff_t chunk_row(const lnf_bwd *b, ptrdiff_t c, ptrdiff_t nchun
     return lnf_tile_start(c * b->a->M / nchunks, b->run);
 }
 
+/* Chunk c's partial rows (NULL where there are none). */
+static inline double *chunk_part(const lnf_reduction *p, ptrdiff_t c)
+{
+    return p->part != NULL ? p->part + p->stride * c : NULL;
+}
+
 #define REAL float
 #define REAL_F64 0
 #include "backward_rows.h"
@@ -210,7 +217,7 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
     if ((p->buffer = lnf_malloc_aligned((size_t)n * sizeof(double))) == NULL)
         return LNF_ENOMEM;
     double *base = p->buffer;
-    p->part = in_place && !b->one_run ? (double *)a->dwdb : base;   /* (one run: unused) */
+    p->part = b->one_run ? NULL : in_place ? (double *)a->dwdb : base;
     p->runs = base + npart;
     p->sums = base + npart + nruns;
     return LNF_OK;

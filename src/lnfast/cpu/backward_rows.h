@@ -9,8 +9,9 @@
 
 /* The per-row scalars of the backward map from the row's sums s =
  * {sum(x - mean), sum(g), sum(g * (x - mean))}, g = dy * w:
- * k = {mean, c, rstd, mean(g), mean(g * xhat)}; 0 for the rare rows that
- * backward_exact must redo: float32 rows whose sums came out infinite or
+ * k = {mean, c, rstd, mean(g), mean(g * xhat)} (row_grad_k); row_grad_ok
+ * turns down the rare rows that backward_exact must redo (row_grad_scalars
+ * returns 0 for them): float32 rows whose sums came out infinite or
  * NaN, and rows whose terms g * (x - mean) are tiny on average
  * (LNF_TINY_TERMS_*), where deviations or dweight terms may be rounded to
  * subnormals.  Rows where g sums to zero too (dy zero: padding) lose
@@ -355,8 +356,9 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
  * The map reads x and dy from the copies the sums kept (xs, dys).  Each
  * tile adds its dweight/dbias terms into per-lane runs (tileops.h), which
  * are added across their lanes into the partial rows dw after every
- * LNF_RUN_ROWS tiles and after the chunk's last (tile_fold).  Rows that row_grad_scalars turns down are
- * zeroed in xs and dys (they then add nothing) and redone by
+ * LNF_RUN_ROWS tiles and after the chunk's last (tile_fold).  Rows that
+ * row_grad_ok turns down are zeroed in xs and dys (and k: they then add
+ * nothing) and redone by
  * backward_exact (its float64 terms go into dw itself, or for float32
  * arithmetic into sc->grads). */
 static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
@@ -481,15 +483,14 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
     ptrdiff_t width = a->centered ? 2 * D : D;      /* (RMSNorm: no dbias) */
     ptrdiff_t nblocks = (width + LNF_SUM_BLOCK - 1) / LNF_SUM_BLOCK;
     ptrdiff_t nb = (D + b->col_block - 1) / b->col_block;
-    double *part = p->part;
     if (b->nthreads == 1) {     /* (no OpenMP region, as in forward_rows) */
         const REAL *w = lnf_param(&a->weight, sc->params, D);
         if (!REAL_F64)
             memset(F(run_rows)(p, NULL, 0), 0, 2 * (size_t)D * sizeof(float));
         for (ptrdiff_t c = 0; c < nchunks; c++)
             F(backward_chunk)(b, w, mean, rstd, chunk_row(b, c, nchunks),
-                              chunk_row(b, c + 1, nchunks), part + stride * c,
-                              F(run_rows)(p, part + stride * c, 0), p->sums, sc);
+                              chunk_row(b, c + 1, nchunks), chunk_part(p, c),
+                              F(run_rows)(p, chunk_part(p, c), 0), p->sums, sc);
     } else if (b->shared && b->nthreads <= nb) {
 #pragma omp parallel num_threads(b->nthreads)
         {
@@ -499,7 +500,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
             /* (every thread takes every chunk: the barriers are in there) */
             for (ptrdiff_t c = 0; c < nchunks; c++)
                 F(backward_blocks)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
-                                   part + stride * c, F(run_rows)(p, part + stride * c, 0),
+                                   chunk_part(p, c), F(run_rows)(p, chunk_part(p, c), 0),
                                    p->sums, sc, t, nt);
             lnf_fpenv_leave(env);
         }
@@ -514,8 +515,8 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
 #pragma omp for schedule(static)
             for (ptrdiff_t c = 0; c < nchunks; c++)
                 F(backward_chunk)(b, w, mean, rstd, chunk_row(b, c, nchunks),
-                                  chunk_row(b, c + 1, nchunks), part + stride * c,
-                                  F(run_rows)(p, part + stride * c, t),
+                                  chunk_row(b, c + 1, nchunks), chunk_part(p, c),
+                                  F(run_rows)(p, chunk_part(p, c), t),
                                   b->shared ? p->sums + 6 * nb * t : NULL, sc + t);
             lnf_fpenv_leave(env);
         }
@@ -531,6 +532,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
         }
         return;
     }
+    double *part = p->part;
     if (part == a->dwdb)        /* (one float64 chunk, summed in place) */
         return;
     if (b->nthreads == 1 || nblocks * nchunks <= LNF_SUM_PARALLEL_MIN) {

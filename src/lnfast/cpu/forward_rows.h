@@ -74,11 +74,10 @@ static inline int F(row_stats)(const double *s, ptrdiff_t D, double eps, int cen
 
 /* row_moments and row_k of a tile's LNF_TILE lanes (sums s[j], s[T + j],
  * shift s[2 T + j]; k[j], k[T + j], k[2 T + j]; mean, var and rstd for
- * resum_far_tile and row_ok): the
- * divisions, square roots and conversions of short rows far apart cost as
- * much as their sums one lane at a time; in a loop of their own they take
- * several lanes per instruction (built for each instruction set,
- * LNF_CLONES). */
+ * resum_far_tile and row_ok): the divisions, square roots and conversions
+ * of short rows far apart cost as much as their sums one lane at a time;
+ * in a loop of their own they take several lanes per instruction (built
+ * for each instruction set, LNF_CLONES). */
 LNF_CLONES static void F(tile_stats)(const double *__restrict s, double D, double eps,
                                      int centered, REAL *__restrict k, double *__restrict mean,
                                      double *__restrict var, double *__restrict rstd)
@@ -94,15 +93,18 @@ LNF_CLONES static void F(tile_stats)(const double *__restrict s, double D, doubl
     }
 }
 
+/* Whether a LayerNorm row of mean m (about its shift) and variance var is
+ * to be summed again about its mean (var clamped at 0 or not: the same
+ * answer, as var < 0 means m != 0). */
+static inline int F(far_shift)(double m, double var)
+{
+    return m * m > LNF_RESHIFT * var;
+}
+
 /* Sum a LayerNorm row again, about its mean, where the sums s (about s[2])
  * say the shift was far from it (LNF_RESHIFT): each square (x - shift)^2 is
  * rounded in the working type, an error that the cancellation in
  * S2/D - (S1/D)^2 magnifies by 1 + (S1/D)^2 / var. */
-static inline int F(far_shift)(double m, double var)
-{
-    /* (var clamped at 0 or not: the same answer, as var < 0 means m != 0) */
-    return m * m > LNF_RESHIFT * var;
-}
 
 static inline void F(resum_far_shift)(const lnf_row_ops *ops, const void *row, double *s,
                                       ptrdiff_t D, int centered)
