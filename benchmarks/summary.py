@@ -214,9 +214,13 @@ columns tell more.
 
 **Reproducing.** From a clone, `pip install '.[bench]'` and the command
 above each table; `--quick` runs in under a minute, `--json PATH` keeps
-the results and `--plot PATH` draws them. The peers are optional and left
+the results and `--plot PATH.png` draws them. The peers are optional and left
 out where not installed: `pip install '.[peers]'` (onnx, onnxruntime, JAX)
-and `'.[torch]'`, `'.[dask]'`.
+and `'.[torch]'`, `'.[dask]'`. The groups (`--axes`, `--torch`, `--dask`,
+`--jax`, `--gpu`) go one per run; an option that the chosen group would
+ignore (`--shapes` with `--axes` or `--dask`, which time shapes of their
+own; `--plot` and `--peers`, which belong to the default group;
+`--dask-gib` without `--dask`) is refused before anything is timed.
 
 How the CPU kernels come near the copy's speed, what each technique bought and where
 the targets are missed is in [performance_cpu.md](performance_cpu.md) (the

@@ -95,13 +95,30 @@ def test_bench_rejects_a_bad_shape():
 
 
 def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
+    (tmp_path / "d.png").mkdir()
     for option, value in (("--threads", "0"), ("--threads", "2000"), ("--repeat", "0"),
                           ("--repeat", "-1"), ("--rounds", "0"),
                           ("--json", str(tmp_path / "no" / "x.json")),
                           ("--plot", str(tmp_path / "no" / "x.png")),
-                          ("--json", str(tmp_path)), ("--plot", str(tmp_path))):
+                          ("--json", str(tmp_path)), ("--plot", str(tmp_path / "d.png")),
+                          ("--plot", str(tmp_path / "x.pdf"))):
         p = run("bench", option, value)
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr
+
+
+def test_bench_refuses_options_its_group_would_ignore():
+    # each before any timing: exit status 2, the option named, no traceback
+    for args, option in ((["--axes", "--torch"], "--axes, --torch"),
+                         (["--axes", "--shapes", "64x64"], "--shapes"),
+                         (["--dask", "--shapes", "64x64"], "--shapes"),
+                         (["--torch", "--plot", "x.png"], "--plot"),
+                         (["--jax", "--peers"], "--peers"),
+                         (["--dask", "--dask-gib", "-1"], "--dask-gib"),
+                         (["--dask", "--dask-gib", "nan"], "--dask-gib"),
+                         (["--dask-gib", "1"], "--dask-gib needs --dask"),
+                         (["--dask", "--dask-cluster", "2"], "--dask-cluster needs")):
+        p = run("bench", *args)
+        assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr, args
 
 
 def test_a_bad_thread_count_variable_is_reported_not_a_traceback():

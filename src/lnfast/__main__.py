@@ -25,6 +25,8 @@ def main(argv=None):
 
     _bench.add_arguments(bench)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        _bench.check_arguments(bench, args)
 
     if args.command == "config":
         import lnfast

@@ -15,6 +15,7 @@ alike rather than on the few timed during it.
 """
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -57,8 +58,8 @@ def add_arguments(p):
                    help="also onnxruntime's and XLA's (jax.jit) LayerNorm and RMSNorm, where "
                         "installed, each case after a pause for the thread pools to settle")
     p.add_argument("--json", metavar="PATH", type=_new_file, help="write the results as JSON")
-    p.add_argument("--plot", metavar="PATH", type=_new_file,
-                   help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--plot", metavar="PATH", type=_png_file,
+                   help="write a PNG plot to PATH, a name ending in .png (needs matplotlib)")
     p.add_argument("--isa", choices=["best", "avx512", "avx2", "portable"], default="best",
                    help="run lnfast's row sweeps built for a lesser instruction set than the "
                         "CPU's best (what CPUs without it get); default: best")
@@ -80,6 +81,29 @@ def add_arguments(p):
                    help="lnfast.jax against LayerNorm in jax.numpy, both jitted, instead")
     p.add_argument("--gpu", action="store_true",
                    help="time the CUDA kernels on CuPy arrays instead (needs a GPU)")
+
+
+GROUPS = ("axes", "torch", "dask", "jax", "gpu")
+
+
+def check_arguments(parser, args):
+    """Refuse (parser.error: exit status 2) options that the chosen group
+    would ignore, before a run of many minutes rather than silently."""
+    groups = [g for g in GROUPS if getattr(args, g)]
+    if len(groups) > 1:
+        parser.error("choose one of " + ", ".join(f"--{g}" for g in groups))
+    group = groups[0] if groups else None
+    if args.shapes and group in ("axes", "dask"):
+        parser.error(f"--shapes does not apply to --{group}, which times shapes of its own")
+    for option in ("plot", "peers"):
+        if getattr(args, option) and group is not None:
+            parser.error(f"--{option} belongs to the default group, not to --{group}")
+    if not math.isfinite(args.dask_gib) or args.dask_gib < 0:
+        parser.error(f"--dask-gib: expected a size in GiB >= 0, got {args.dask_gib!r}")
+    if args.dask_gib and group != "dask":
+        parser.error("--dask-gib needs --dask")
+    if args.dask_cluster and not args.dask_gib:
+        parser.error("--dask-cluster needs --dask-gib")
 
 
 def _positive(text):
@@ -109,6 +133,15 @@ def _new_file(text):
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
     return text
+
+
+def _png_file(text):
+    """An argparse type: a new file's path (_new_file) ending in .png, the
+    format the plot is written in."""
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"the plot is a PNG file: expected a name ending in "
+                                         f".png, got {text!r}")
+    return _new_file(text)
 
 
 def _shape(text):
