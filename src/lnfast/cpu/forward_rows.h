@@ -105,7 +105,6 @@ static inline int F(far_shift)(double m, double var)
  * say the shift was far from it (LNF_RESHIFT): each square (x - shift)^2 is
  * rounded in the working type, an error that the cancellation in
  * S2/D - (S1/D)^2 magnifies by 1 + (S1/D)^2 / var. */
-
 static inline void F(resum_far_shift)(const lnf_row_ops *ops, const void *row, double *s,
                                       ptrdiff_t D, int centered)
 {
