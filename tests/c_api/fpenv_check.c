@@ -13,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "halfconv.h"
-#include "lnfast_cpu.h"
+#include "check_util.h"
 
 #if defined(__SSE2__)
 #include <xmmintrin.h>
@@ -41,10 +40,8 @@ typedef struct { int M, D, nchunks, blocked; } shape;
 /* rows by chunks; the partial rows summed in parallel (6 column blocks of
  * 48 chunks); column blocks shared by the threads (lnf_set_blocked) */
 static const shape shapes[3] = {{48, 40, 3, 0}, {96, 1400, 48, 0}, {48, 40, 3, 1}};
-static const int types[3] = {LNF_FLOAT32, LNF_FLOAT64, LNF_BFLOAT16};
+static const int checked[3] = {LNF_FLOAT32, LNF_FLOAT64, LNF_BFLOAT16};
 static const char *names[3] = {"float32", "float64", "bfloat16"};
-
-static size_t size_of(int t) { return t == LNF_FLOAT64 ? 8 : t == LNF_FLOAT32 ? 4 : 2; }
 
 /* Groups of 16 rows in turn, of `groups` kinds: values near 1e-40
  * (subnormal in float32 and bfloat16; 1e-310 in float64), near 1e-38
@@ -57,17 +54,10 @@ static double value(int r, int i, int groups, int f64)
     return (((r * 7919 + i * 104729) % 2003) / 1001.0 - 1.0) * s;
 }
 
-static void put(void *p, int t, size_t k, double v)
-{
-    if (t == LNF_FLOAT64) ((double *)p)[k] = v;
-    else if (t == LNF_FLOAT32) ((float *)p)[k] = (float)v;
-    else ((unsigned short *)p)[k] = lnf_f32_to_bf16((float)v);
-}
-
 static lnf_array arr(void *p, int t, int ndim, int M, int D)
 {
     lnf_array a;
-    ptrdiff_t s = (ptrdiff_t)size_of(t);
+    ptrdiff_t s = (ptrdiff_t)itemsize(t);
     ptrdiff_t sh[2] = {M, D}, st[2] = {D * s, s};
     if (ndim == 1)
         sh[0] = D, st[0] = s;
@@ -97,8 +87,8 @@ static void set_flush(int on)
 static int run(int t, const shape *c, void *x, void *dy, void *w, double eps, int nthreads,
                char *out, int flush)
 {
-    int M = c->M, D = c->D, ct = t == LNF_FLOAT64 ? LNF_FLOAT64 : LNF_FLOAT32;
-    size_t s = size_of(t), cs = size_of(ct), n = (size_t)M * D;
+    int M = c->M, D = c->D, ct = compute(t);
+    size_t s = itemsize(t), cs = itemsize(ct), n = (size_t)M * D;
     char *y = out, *mean = y + n * s, *rstd = mean + M * cs, *dx = rstd + M * cs;
     char *dwdb = dx + n * s, *rounded = dwdb + 2 * D * cs;
     double *sums = malloc(2 * (size_t)D * sizeof(double));
@@ -138,8 +128,8 @@ int main(void)
     for (int k = 0; k < 3; k++)
         for (int c = 0; c < 3; c++) {
             const shape *sh = &shapes[c];
-            int t = types[k], ct = t == LNF_FLOAT64 ? LNF_FLOAT64 : LNF_FLOAT32;
-            size_t s = size_of(t), cs = size_of(ct), n = (size_t)sh->M * sh->D;
+            int t = checked[k], ct = compute(t);
+            size_t s = itemsize(t), cs = itemsize(ct), n = (size_t)sh->M * sh->D;
             size_t bytes = 2 * n * s + 2 * (size_t)sh->M * cs + 2 * (size_t)sh->D * (cs + s);
             char *x = malloc(n * s), *dy = malloc(n * s), *w = malloc(sh->D * cs);
             char *want = malloc(bytes), *got = malloc(bytes);
