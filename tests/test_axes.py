@@ -265,6 +265,40 @@ def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float64])
+def test_tile_forward_redoes_the_rows_it_cannot_take(rng, dtype):
+    """Rows the channels-first forward's tiles turn down are redone in
+    float64, one at a time, as the last-axis rows are: rows whose squares
+    underflow (float32 and bfloat16 values near 1e-30, float64 subnormals),
+    which with eps = 0 would otherwise divide by a variance of 0. Runs of
+    35 rows hold two full tiles and a short one; such rows sit in each.
+    Their y, mean and rstd are what the row kernels give for the same rows,
+    bit for bit, and finite (but float64's rstd, past float64's range); the
+    other rows are within the tolerance of the float64 reference."""
+    x = (rng.standard_normal((2, 40, 5, 7)) * 2 + 0.5).astype(dtype)
+    hard = [(0, 0, 3), (0, 3, 2), (1, 4, 6)]       # rows 3 (tile 0), 23 (tile 1), 69 (short)
+    for n, h, w_ in hard:
+        x[n, :, h, w_] = (rng.standard_normal(40) * (1e-310 if dtype == np.float64 else 1e-30)
+                          ).astype(dtype)
+    w = (1 + 0.2 * rng.standard_normal(40)).astype(dtype)
+    b = (0.2 * rng.standard_normal(40)).astype(dtype)
+    y, mean, rstd = lnfast.layer_norm_forward(x, w, b, eps=0.0, axis=1)
+    ry, rmean, rrstd = lnfast.layer_norm_forward(np.ascontiguousarray(moved(x, (1,))), w, b,
+                                                 eps=0.0)
+    for n, h, w_ in hard:
+        assert np.array_equal(y[n, :, h, w_], ry[n, h, w_]), (n, h, w_)
+        assert np.array_equal(mean[n, h, w_], rmean[n, h, w_]), (n, h, w_)
+        assert np.array_equal(rstd[n, h, w_], rrstd[n, h, w_]), (n, h, w_)
+    for a in (y, mean) if dtype == np.float64 else (y, mean, rstd):    # (1 / 1e-310: inf)
+        assert np.isfinite(a.astype(np.float64)).all()
+    easy = np.ones(x.shape, bool)       # (the reference's float64 squares underflow too)
+    for n, h, w_ in hard:
+        easy[n, :, h, w_] = False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = back(ref.layer_norm_forward(moved(x, (1,)), w, b, eps=0.0)[0], x.shape, (1,))
+    assert err(y[easy], want[easy]) < FWD_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float64])
 def test_tile_backward_redoes_the_rows_it_cannot_take(rng, dtype):
     """Rows the channels-first backward's tiles turn down are redone in
     float64, one at a time, as the last-axis rows are: float32 (and 16-bit)

@@ -46,10 +46,11 @@ static inline void F(row_moments)(double s0, double s1, double D, double eps, in
 static inline int F(row_ok)(double s0, double s1, double D, double eps, double var,
                             double rstd)
 {
+    /* (& and |, not && and ||: no branches, so that tile_stats' loop
+     * takes it a vector of lanes at a time) */
     double floor = REAL_F64 ? LNF_VAR_FLOOR_F64 : LNF_VAR_FLOOR_F32;
-    if (!((var >= floor || (s0 == 0.0 && s1 == 0.0 && eps >= floor)) && s1 < 1e300))
-        return 0;
-    return REAL_F64 || (D * var < 1e72 && 1e-30 < rstd && rstd < 1e30);
+    int ok = ((var >= floor) | ((s0 == 0.0) & (s1 == 0.0) & (eps >= floor))) & (s1 < 1e300);
+    return ok & (REAL_F64 | ((D * var < 1e72) & (1e-30 < rstd) & (rstd < 1e30)));
 }
 
 /* k = {hi, lo, rstd} from row_moments' mean (of x - shift) and rstd. */
@@ -72,17 +73,34 @@ static inline int F(row_stats)(const double *s, ptrdiff_t D, double eps, int cen
     return 1;
 }
 
+/* Whether a LayerNorm row of mean m (about its shift) and variance var is
+ * to be summed again about its mean (var clamped at 0 or not: the same
+ * answer, as var < 0 means m != 0). */
+static inline int F(far_shift)(double m, double var)
+{
+    return m * m > LNF_RESHIFT * var;
+}
+
 /* row_moments and row_k of a tile's LNF_TILE lanes (sums s[j], s[T + j],
  * shift s[2 T + j]; k[j], k[T + j], k[2 T + j]; mean, var and rstd for
  * resum_far_tile and row_ok): the divisions, square roots and conversions
  * of short rows far apart cost as much as their sums one lane at a time;
  * in a loop of their own they take several lanes per instruction (built
- * for each instruction set, LNF_CLONES). */
-LNF_CLONES static void F(tile_stats)(const double *__restrict s, double D, double eps,
-                                     int centered, REAL *__restrict k, double *__restrict mean,
-                                     double *__restrict var, double *__restrict rstd)
+ * for each instruction set, LNF_CLONES).  Returns LNF_TILE_HARD where
+ * row_ok turns a lane down, LNF_TILE_FAR where a LayerNorm lane's shift
+ * was far (far_shift), or both, so that the driver tests the rows one at
+ * a time only where one may fail.  (Lanes past a short tile's rows count
+ * too.) */
+#ifndef LNF_TILE_HARD
+#define LNF_TILE_HARD 1
+#define LNF_TILE_FAR 2
+#endif
+LNF_CLONES static int F(tile_stats)(const double *__restrict s, double D, double eps,
+                                    int centered, REAL *__restrict k, double *__restrict mean,
+                                    double *__restrict var, double *__restrict rstd)
 {
     enum { T = LNF_TILE };
+    int64_t hard = 0, far = 0;  /* (as wide as the lanes: GCC then vectorizes the tests) */
     for (int j = 0; j < T; j++) {
         REAL kj[3];
         F(row_moments)(s[j], s[T + j], D, eps, centered, &mean[j], &var[j], &rstd[j]);
@@ -91,14 +109,13 @@ LNF_CLONES static void F(tile_stats)(const double *__restrict s, double D, doubl
         k[T + j] = kj[1];
         k[2 * T + j] = kj[2];
     }
-}
-
-/* Whether a LayerNorm row of mean m (about its shift) and variance var is
- * to be summed again about its mean (var clamped at 0 or not: the same
- * answer, as var < 0 means m != 0). */
-static inline int F(far_shift)(double m, double var)
-{
-    return m * m > LNF_RESHIFT * var;
+    /* (A loop of its own: in the one above, GCC threads the tests through
+     * var's clamp at 0, and that control flow stops it vectorizing.) */
+    for (int j = 0; j < T; j++) {
+        hard |= !F(row_ok)(s[j], s[T + j], D, eps, var[j], rstd[j]);
+        far |= centered & F(far_shift)(mean[j], var[j]);
+    }
+    return (hard ? LNF_TILE_HARD : 0) | (far ? LNF_TILE_FAR : 0);
 }
 
 /* Sum a LayerNorm row again, about its mean, where the sums s (about s[2])
@@ -369,16 +386,19 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
         if (res && copy)        /* (z in place before its rare rows are read) */
             lnf_tile_scatter_to(pz, &a->z, f->z_like, r, n, isz, D);
         double mean[T], var[2 * T], rstd[2 * T];
+        int tests = 0;
         for (int q = 0; q < tiles; q++) {
             double *sq = s + 3 * T * q;
-            F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
-                          rstd + T * q);
-            if (c && F(resum_far_tile)(ops, (res ? pz : px) + q * T * isz, inner, sq, D,
-                                       LNF_MIN(n - q * T, (ptrdiff_t)T), mean, var + T * q))
-                F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
-                              rstd + T * q);
+            int t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                                  rstd + T * q);
+            if ((t & LNF_TILE_FAR)
+                && F(resum_far_tile)(ops, (res ? pz : px) + q * T * isz, inner, sq, D,
+                                     LNF_MIN(n - q * T, (ptrdiff_t)T), mean, var + T * q))
+                t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                                  rstd + T * q);
+            tests |= t;
         }
-        for (ptrdiff_t j = 0; j < n; j++) {
+        for (ptrdiff_t j = 0; j < n && (tests & LNF_TILE_HARD); j++) {
             ptrdiff_t o = lnf_tile_lane(j);
             hard[j] = !F(row_ok)(s[o], s[o + T], (double)D, a->eps, var[j], rstd[j]);
             if (hard[j]) {      /* (copied: the map may overwrite it, y being x) */
@@ -406,12 +426,12 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             k[o] = kj[0];
             k[o + 2 * T] = kj[2];
         }
-        for (ptrdiff_t j = 0; j < n; j++) {
-            ptrdiff_t o = lnf_tile_lane(j);
+        for (ptrdiff_t q = 0; q * T < n; q++) {     /* (each tile's lanes in a row) */
+            size_t bytes = (size_t)LNF_MIN(n - q * T, (ptrdiff_t)T) * sizeof(REAL);
             if (mean_out != NULL)
-                mean_out[r + j] = k[o];
+                memcpy(mean_out + r + q * T, k + 3 * T * q, bytes);
             if (rstd_out != NULL)
-                rstd_out[r + j] = k[o + 2 * T];
+                memcpy(rstd_out + r + q * T, k + 3 * T * q + 2 * T, bytes);
         }
     }
     if (f->stream)
