@@ -88,7 +88,8 @@ def test_add_layer_norm_matches_the_numpy_call(rng, dtype):
         same(g, v)
     _, z, mean, rstd = out
     got = dask.compute(*lnfast.add_layer_norm_backward(
-        da.from_array(dy, chunks=(40, 48)), z, mean, rstd, w, dz=da.from_array(dz, chunks=13)))
+        da.from_array(dy, chunks=(40, 48)), z, mean, rstd, w,
+        dz=da.from_array(dz, chunks=(13, 48))))
     DS, DW, DB = lnfast.add_layer_norm_backward(dy, want[1], want[2], want[3], w, dz=dz)
     same(got[0], DS)
     ref = reference.add_layer_norm_backward(dy, want[1], want[2], want[3], w, dz)
@@ -152,8 +153,8 @@ def test_any_axis_matches_the_numpy_call(rng, axis, chunks):
 def test_weight_as_a_dask_array(rng):
     x, dy = data(rng, (50, 20), np.float64), data(rng, (50, 20), np.float64)
     w, b = data(rng, 20, np.float64), data(rng, 20, np.float64)
-    X, W, B = (da.from_array(a, chunks=7) for a in (x, w, b))
-    X = X.rechunk({1: -1})
+    X = da.from_array(x, chunks=(7, 20))
+    W, B = (da.from_array(a, chunks=20) for a in (w, b))
     same(lnfast.layer_norm(X, W, B).compute(), lnfast.layer_norm(x, w, b))
     _, mean, rstd = lnfast.layer_norm_forward(X, W, B)
     dx, dw, _ = dask.compute(*lnfast.layer_norm_backward(da.from_array(dy, chunks=(9, 20)), X,
@@ -183,6 +184,45 @@ def test_a_chunked_normalized_axis_is_an_error_saying_how_to_rechunk(rng):
         lnfast.add_layer_norm_backward(X, X, X[..., 0], X[..., 0])
     ok = X.rechunk({2: -1})
     same(lnfast.layer_norm(ok).compute(), lnfast.layer_norm(ok.compute()))
+
+
+def test_every_array_is_a_single_chunk_along_the_normalized_axes(rng):
+    """Not x alone (SPEC, Dask): residual, dy and dz split along a
+    normalized axis, or a Dask weight or bias split at all, are a
+    ValueError naming them and saying how to rechunk, as
+    dask.array.apply_gufunc treats a core dimension; arguments unchanged.
+    Their rows may be chunked unlike x's."""
+    x = data(rng, (8, 6, 10), np.float32)
+    X = da.from_array(x, chunks=(4, 6, 10))
+    split = da.from_array(x, chunks=(4, 3, 5))
+    rows = da.from_array(x, chunks=(2, 6, 10))
+    w = da.from_array(data(rng, 10, np.float32), chunks=5)
+    _, mean, rstd = lnfast.layer_norm_forward(X)
+    _, z, zmean, zrstd = lnfast.add_layer_norm_forward(X, X)
+    before = [a.chunks for a in (X, split, w)]
+    with pytest.raises(ValueError,
+                       match=r"residual must be a single chunk .*residual\.rechunk\(\{2: -1\}\)"):
+        lnfast.add_layer_norm_forward(X, split)
+    with pytest.raises(ValueError, match=r"residual\.rechunk\(\{1: -1, 2: -1\}\)"):
+        lnfast.add_layer_norm_forward(X, split, axis=(1, 2))
+    with pytest.raises(ValueError, match=r"dy must be a single chunk .*dy\.rechunk\(\{2: -1\}\)"):
+        lnfast.layer_norm_backward(split, X, mean, rstd)
+    with pytest.raises(ValueError, match=r"dy must be a single chunk"):
+        lnfast.rms_norm_backward(split, X, rstd)
+    with pytest.raises(ValueError, match=r"dz must be a single chunk .*dz\.rechunk"):
+        lnfast.add_layer_norm_backward(X, z, zmean, zrstd, dz=split)
+    with pytest.raises(ValueError, match=r"weight must be a single chunk.*weight\.rechunk\(-1\)"):
+        lnfast.layer_norm(X, w)
+    with pytest.raises(ValueError, match=r"bias must be a single chunk.*bias\.rechunk\(-1\)"):
+        lnfast.layer_norm(X, None, w)
+    with pytest.raises(ValueError, match=r"weight must be a single chunk"):
+        lnfast.layer_norm_backward(X, X, mean, rstd, w)
+    assert [a.chunks for a in (X, split, w)] == before
+    # (rows chunked unlike x's: rechunked to x's)
+    same(lnfast.add_layer_norm_forward(X, rows)[0].compute(),
+         lnfast.add_layer_norm_forward(x, x)[0])
+    same(lnfast.layer_norm_backward(rows, X, mean, rstd)[0].compute(),
+         lnfast.layer_norm_backward(x, x, *lnfast.layer_norm_forward(x)[1:])[0])
 
 
 def test_bad_input_names_the_argument(rng):

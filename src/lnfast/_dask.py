@@ -4,7 +4,8 @@ Dask arrays of NumPy or CuPy blocks, lazily.
 lnfast._dispatch sends a call here when x (or z) is a Dask array; each
 block then goes back through lnfast's own backends with the call's `axis`,
 so a block's rows get the bits the same call on the whole array gives.
-The normalized axes must each be one chunk.
+The normalized axes must each be one chunk, in x and in every array of
+x's shape (residual, dy, dz), and a Dask weight or bias one chunk.
 
 - Forward: one task per block of rows returns the tuple of its outputs;
   one layer per output picks its item (as dask.array.apply_gufunc does).
@@ -80,7 +81,16 @@ def _inputs(x_name, x, arrays, params):
 
 
 def _one_chunk(name, x, ax):
-    """Each normalized axis in one chunk, as dask.array.apply_gufunc asks."""
+    """Each normalized axis (ax, of x's own; None: every axis, as in a
+    weight) in one chunk, as dask.array.apply_gufunc asks of every core
+    dimension.  Nothing for x None or not a Dask array."""
+    if x is None or not _checks.is_dask(x):
+        return
+    if ax is None:
+        if any(len(c) > 1 for c in x.chunks):
+            raise ValueError(f"{name} must be a single chunk, got chunks {x.chunks}: rechunk it "
+                             f"first, {name}.rechunk(-1)")
+        return
     split = [k for k in ax if len(x.chunks[k]) > 1]
     if split:
         spec = ", ".join(f"{k}: -1" for k in split)
@@ -137,10 +147,10 @@ def _cupy():
 # --- graphs ---------------------------------------------------------------------
 
 def _param(p, ax):
-    """A weight or bias as blockwise takes it: a Dask array of one block
-    indexed by the normalized axes (every block of x sees all of it; in
-    more blocks it would split x's rows to match), else a constant."""
-    return (p.rechunk(-1), ax) if _checks.is_dask(p) else (p, None)
+    """A weight or bias as blockwise takes it: a Dask array (one block,
+    _one_chunk) indexed by the normalized axes, so that every block of x
+    sees all of it, else a constant."""
+    return (p, ax) if _checks.is_dask(p) else (p, None)
 
 
 def _split(tmp, item, label, keep, chunks, meta):
@@ -162,11 +172,13 @@ def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None, ax
     weight, bias = _inputs("x", x, [("residual", residual)], [("weight", weight), ("bias", bias)])
     eps = _checks.forward_args(x, residual, weight, bias, eps, None, centered, axis)
     ax = _checks.axes(axis, x.ndim)
-    _one_chunk("x", x, ax)
+    for name, a, a_ax in (("x", x, ax), ("residual", residual, ax), ("weight", weight, None),
+                          ("bias", bias if centered else None, None)):
+        _one_chunk(name, a, a_ax)
     ind = tuple(range(x.ndim))
     lead = tuple(k for k in ind if k not in ax)
     if residual is not None:
-        residual = residual.rechunk(x.chunks)
+        residual = residual.rechunk(x.chunks)       # (the rows' chunks)
     xm = x._meta
     compute = _checks.compute_dtype(x.dtype)
     wanted = (True, residual is not None, stats and centered, stats)
@@ -198,11 +210,13 @@ def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None, a
                                     ("rstd", rstd), ("dz", dz)], [("weight", weight)])
     _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name, axis)
     ax = _checks.axes(axis, x.ndim)
-    _one_chunk(x_name, x, ax)
+    for name, a, a_ax in ((x_name, x, ax), ("dy", dy, ax), ("dz", dz, ax),
+                          ("weight", weight, None)):
+        _one_chunk(name, a, a_ax)
     ind = tuple(range(x.ndim))
     lead = tuple(k for k in ind if k not in ax)
     lead_chunks = tuple(x.chunks[k] for k in lead)
-    dy = dy.rechunk(x.chunks)
+    dy = dy.rechunk(x.chunks)       # (the rows' chunks, as mean's and rstd's)
     dz = None if dz is None else dz.rechunk(x.chunks)
     mean = mean.rechunk(lead_chunks) if centered else None
     rstd = rstd.rechunk(lead_chunks)
