@@ -104,9 +104,21 @@ def test_eps_integer_past_float64_says_so_briefly(args):
         assert len(str(info.value)) < 100
 
 
-@pytest.mark.parametrize("eps", ["1e-5", None, True, 1j])
+@pytest.mark.parametrize("eps", ["1e-5", None, True, 1j, np.array(True), np.array(1j),
+                                 np.array([1e-5]), np.array(["1e-5"])])
 def test_eps_not_a_number(args, eps):
     raises(TypeError, "eps", lnfast.layer_norm, args["x"], eps=eps)
+
+
+@pytest.mark.parametrize("eps", [np.array(1e-3), np.array(1e-3, np.float32), np.array(2),
+                                 np.float16(1e-3), np.int8(2)])
+def test_eps_a_numpy_scalar_or_zero_dimensional_array(args, eps):
+    """As NumPy's own functions take one for a number: its value."""
+    x = args["x"]
+    want = lnfast.layer_norm(x, eps=float(eps))
+    assert np.array_equal(lnfast.layer_norm(x, eps=eps), want)
+    assert np.array_equal(lnfast.layer_norm_forward(x, eps=eps)[0], want)
+    raises(ValueError, "eps", lnfast.layer_norm, x, eps=-eps)
 
 
 def test_out_of_wrong_shape(args):

@@ -155,6 +155,9 @@ def compute_dtype(dtype):
 
 def eps(value):
     if type(value) is not float:        # the common case skips the ABC check
+        if getattr(value, "ndim", None) == 0 and \
+                getattr(getattr(value, "dtype", None), "kind", None) in ("f", "i", "u"):
+            value = value[()].item()    # (a 0-d NumPy or CuPy array, as NumPy takes one)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"eps must be a real number, got {type(value).__name__}")
         try:
