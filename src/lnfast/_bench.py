@@ -48,7 +48,7 @@ def add_arguments(p):
                    help="lnfast and torch threads")
     p.add_argument("--repeat", type=_positive, default=None, help="timed calls per case")
     p.add_argument("--rounds", type=_positive, default=None,
-                   help="CPU, --axes and --torch groups: rounds per shape, each timing every "
+                   help="CPU, --axes, --torch and --jax groups: rounds per shape, each timing every "
                         "case (and the copy) in turn; a case's time is the median of its "
                         "rounds' (default 3, --quick 1)")
     p.add_argument("--functions", nargs="+", choices=["layer_norm", "add_layer_norm", "rms_norm"],

@@ -1,17 +1,18 @@
 """`python -m lnfast bench --jax`: lnfast.jax against LayerNorm written in
 jax.numpy, both under jax.jit on the CPU, forward and forward plus
-backward (`jax.vjp` of the function, every gradient), same run, with
-the bytes a perfect kernel moves (forward 2 x.nbytes, with the backward
-5) over a parallel copy of x timed just before ("% copy").  Each
-case runs after a pause, so that neither thread pool (XLA's, OpenMP's)
-is still spinning from the one before."""
+backward (`jax.vjp` of the function, every gradient), with the bytes a
+perfect kernel moves (forward 2 x.nbytes, with the backward 5) over a
+parallel copy of x ("% copy").  Each shape is timed in rounds
+(`--rounds`, default 3), every round timing each case and the copy in
+turn, each case after a pause, so that neither thread pool (XLA's,
+OpenMP's) is still spinning from the one before; a case's time is the
+median of its rounds'."""
 import functools
 import sys
-import time
 
 import numpy as np
 
-from lnfast._bench import PAUSE, _copy_gbs, _median_seconds, _numpy_forward
+from lnfast._bench import _copy, _gbs, _in_rounds, _numpy_forward, _rounds
 
 SHAPES = ["8192x1024", "256x1024", "32x768"]
 QUICK = ["256x1024", "32x768"]
@@ -30,6 +31,7 @@ def run(args, threads):
     jnp_layer_norm = functools.partial(_numpy_forward, xp=jnp)     # (the NumPy baseline's code)
     repeat = args.repeat or (5 if args.quick else 15)
     budget = 0.5 if args.quick else 1.5
+    rounds, per_round = _rounds(args, repeat)
     rows = []
     rng = np.random.default_rng(0)
     for shape in args.shapes or (QUICK if args.quick else SHAPES):
@@ -38,19 +40,26 @@ def run(args, threads):
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
             dt = getattr(jnp, dname)
             x, dy = (jnp.asarray(rng.standard_normal((M, D), np.float32), dt) for _ in range(2))
-            copy = _copy_gbs(np.asarray(x).view(np.uint8), 2, threads, repeat, budget)
             w, b = (jnp.asarray(rng.standard_normal(D, np.float32)) for _ in range(2))
-            for impl, fn in (("jax.numpy", jnp_layer_norm), ("lnfast", lj.layer_norm)):
-                forward = jax.jit(fn)
-                both = jax.jit(lambda x, w, b, dy, fn=fn: jax.vjp(fn, x, w, b)[1](dy))
-                for name, f, a, traffic in (("forward", forward, (x, w, b), 2),
-                                            ("forward + backward", both, (x, w, b, dy), 5)):
+            cases, traffic = {}, {}
+            for name, k in (("forward", 2), ("forward + backward", 5)):
+                for impl, fn in (("jax.numpy", jnp_layer_norm), ("lnfast", lj.layer_norm)):
+                    if name == "forward":
+                        f, a = jax.jit(fn), (x, w, b)
+                    else:
+                        f = jax.jit(lambda x, w, b, dy, fn=fn: jax.vjp(fn, x, w, b)[1](dy))
+                        a = (x, w, b, dy)
                     jax.block_until_ready(f(*a))        # (compiled here)
-                    time.sleep(PAUSE)
-                    sec = _median_seconds(lambda: jax.block_until_ready(f(*a)), repeat, budget)
-                    rows.append({"pass": name, "shape": shape, "dtype": dname, "impl": impl,
-                                 "ms": sec * 1e3, "gbs": traffic * x.nbytes / sec / 1e9,
-                                 "copy_gbs": copy})
+                    cases[name, impl] = lambda f=f, a=a: jax.block_until_ready(f(*a))
+                    traffic[name, impl] = k
+            copy_fn, copy_bytes = _copy(np.asarray(x).view(np.uint8), 2, threads)
+            secs = _in_rounds({"copy": copy_fn, **cases}, rounds, per_round, budget,
+                              pause=set(cases))
+            copy = _gbs(copy_bytes, secs["copy"])
+            for (name, impl), sec in ((key, secs[key]) for key in cases):
+                rows.append({"pass": name, "shape": shape, "dtype": dname, "impl": impl,
+                             "ms": sec * 1e3, "gbs": traffic[name, impl] * x.nbytes / sec / 1e9,
+                             "copy_gbs": copy})
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     _print(rows, threads, jax)
     return rows
