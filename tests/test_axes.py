@@ -270,12 +270,15 @@ def test_tile_forward_redoes_the_rows_it_cannot_take(rng, dtype):
     float64, one at a time, as the last-axis rows are: rows whose squares
     underflow (float32 and bfloat16 values near 1e-30, float64 subnormals),
     which with eps = 0 would otherwise divide by a variance of 0. Runs of
-    35 rows hold two full tiles and a short one; such rows sit in each.
+    35 rows hold two full tiles and a short one; such rows sit in each, and
+    in the first tile alone of the second run (where two tiles go at once,
+    the second's tests must not hide the first's).
     Their y, mean and rstd are what the row kernels give for the same rows,
     bit for bit, and finite (but float64's rstd, past float64's range); the
     other rows are within the tolerance of the float64 reference."""
     x = (rng.standard_normal((2, 40, 5, 7)) * 2 + 0.5).astype(dtype)
-    hard = [(0, 0, 3), (0, 3, 2), (1, 4, 6)]       # rows 3 (tile 0), 23 (tile 1), 69 (short)
+    # rows 3 (tile 0), 23 (tile 1), 69 (short); 42 (tile 0 of the second run)
+    hard = [(0, 0, 3), (0, 3, 2), (1, 4, 6), (1, 1, 0)]
     for n, h, w_ in hard:
         x[n, :, h, w_] = (rng.standard_normal(40) * (1e-310 if dtype == np.float64 else 1e-30)
                           ).astype(dtype)

@@ -105,9 +105,21 @@ def test_eps_integer_past_float64_says_so_briefly(args):
 
 
 @pytest.mark.parametrize("eps", ["1e-5", None, True, 1j, np.array(True), np.array(1j),
-                                 np.array([1e-5]), np.array(["1e-5"])])
+                                 np.array([1e-5]), np.array(["1e-5"]),
+                                 np.ma.masked_array(1.0, mask=True), np.ma.masked_array(1.0)])
 def test_eps_not_a_number(args, eps):
     raises(TypeError, "eps", lnfast.layer_norm, args["x"], eps=eps)
+
+
+def test_eps_the_masked_constant(args):
+    with pytest.raises(TypeError, match="eps"):     # (raises() cannot copy it to compare)
+        lnfast.layer_norm(args["x"], eps=np.ma.masked)
+
+
+def test_eps_an_array_of_more_than_one_value_says_so(args):
+    with pytest.raises(TypeError, match=r"eps must be a real number, got ndarray of dtype "
+                                        r"float64 and shape \(1,\)"):
+        lnfast.layer_norm(args["x"], eps=np.array([1e-5]))
 
 
 @pytest.mark.parametrize("eps", [np.array(1e-3), np.array(1e-3, np.float32), np.array(2),

@@ -155,11 +155,14 @@ def compute_dtype(dtype):
 
 def eps(value):
     if type(value) is not float:        # the common case skips the ABC check
-        if getattr(value, "ndim", None) == 0 and \
-                getattr(getattr(value, "dtype", None), "kind", None) in ("f", "i", "u"):
-            value = value[()].item()    # (a 0-d NumPy or CuPy array, as NumPy takes one)
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"eps must be a real number, got {type(value).__name__}")
+        array = type(value) is np.ndarray or is_cupy(value)     # (not masked, not Dask)
+        if array and value.ndim == 0 and value.dtype.kind in ("f", "i", "u"):
+            value = value.item()        # (as NumPy takes a 0-d array for a number)
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+            what = type(value).__name__
+            if hasattr(value, "dtype") and hasattr(value, "shape"):
+                what += f" of dtype {value.dtype} and shape {value.shape}"
+            raise TypeError(f"eps must be a real number, got {what}")
         try:
             value = float(value)
         except OverflowError:           # an int past float64's range
