@@ -17,6 +17,8 @@ from lnfast._bench import _copy, _gbs, _in_rounds, _numpy_forward, _rounds
 SHAPES = ["8192x1024", "256x1024", "32x768"]
 QUICK = ["256x1024", "32x768"]
 DTYPES = ["float32", "bfloat16"]
+# The passes, and the bytes a perfect kernel moves in each, in x.nbytes.
+TRAFFIC = {"forward": 2, "forward + backward": 5}
 
 
 def run(args, threads):
@@ -41,8 +43,8 @@ def run(args, threads):
             dt = getattr(jnp, dname)
             x, dy = (jnp.asarray(rng.standard_normal((M, D), np.float32), dt) for _ in range(2))
             w, b = (jnp.asarray(rng.standard_normal(D, np.float32)) for _ in range(2))
-            cases, traffic = {}, {}
-            for name, k in (("forward", 2), ("forward + backward", 5)):
+            cases = {}
+            for name in TRAFFIC:
                 for impl, fn in (("jax.numpy", jnp_layer_norm), ("lnfast", lj.layer_norm)):
                     if name == "forward":
                         f, a = jax.jit(fn), (x, w, b)
@@ -51,14 +53,14 @@ def run(args, threads):
                         a = (x, w, b, dy)
                     jax.block_until_ready(f(*a))        # (compiled here)
                     cases[name, impl] = lambda f=f, a=a: jax.block_until_ready(f(*a))
-                    traffic[name, impl] = k
             copy_fn, copy_bytes = _copy(np.asarray(x).view(np.uint8), 2, threads)
             secs = _in_rounds({"copy": copy_fn, **cases}, rounds, per_round, budget,
                               pause=set(cases))
             copy = _gbs(copy_bytes, secs["copy"])
-            for (name, impl), sec in ((key, secs[key]) for key in cases):
+            for name, impl in cases:
+                sec = secs[name, impl]
                 rows.append({"pass": name, "shape": shape, "dtype": dname, "impl": impl,
-                             "ms": sec * 1e3, "gbs": traffic[name, impl] * x.nbytes / sec / 1e9,
+                             "ms": sec * 1e3, "gbs": TRAFFIC[name] * x.nbytes / sec / 1e9,
                              "copy_gbs": copy})
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     _print(rows, threads, jax)
