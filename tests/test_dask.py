@@ -35,6 +35,22 @@ def check_grads(got, numpy_call, ref):
     assert grad_error(got, ref) <= grad_error(numpy_call, ref) + slack[got.dtype] * top
 
 
+def check_layer_norm(X, DY, x, dy, w, b, eps):
+    """layer_norm_forward and _backward on Dask X and DY against the NumPy
+    calls on x and dy: bitwise, dweight/dbias as check_grads says."""
+    got = dask.compute(*lnfast.layer_norm_forward(X, w, b, eps=eps))
+    want = lnfast.layer_norm_forward(x, w, b, eps=eps)
+    for g, v in zip(got, want):
+        same(g, v)
+    _, mean, rstd = lnfast.layer_norm_forward(X, w, b, eps=eps)
+    dx, dw, db = dask.compute(*lnfast.layer_norm_backward(DY, X, mean, rstd, w))
+    DX, DW, DB = lnfast.layer_norm_backward(dy, x, want[1], want[2], w)
+    same(dx, DX)
+    ref = reference.layer_norm_backward(dy, x, want[1], want[2], w)
+    check_grads(dw, DW, ref[1])
+    check_grads(db, DB, ref[2])
+
+
 # --- every function, every dtype ----------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -46,17 +62,7 @@ def test_layer_norm_matches_the_numpy_call(rng, dtype):
     y = lnfast.layer_norm(X, w, b, eps=1e-4)
     assert isinstance(y, da.Array) and y.chunks == X.chunks
     same(y.compute(), lnfast.layer_norm(x, w, b, eps=1e-4))
-    got = dask.compute(*lnfast.layer_norm_forward(X, w, b, eps=1e-4))
-    want = lnfast.layer_norm_forward(x, w, b, eps=1e-4)
-    for g, v in zip(got, want):
-        same(g, v)
-    _, mean, rstd = lnfast.layer_norm_forward(X, w, b, eps=1e-4)
-    dx, dw, db = dask.compute(*lnfast.layer_norm_backward(DY, X, mean, rstd, w))
-    DX, DW, DB = lnfast.layer_norm_backward(dy, x, want[1], want[2], w)
-    same(dx, DX)
-    ref = reference.layer_norm_backward(dy, x, want[1], want[2], w)
-    check_grads(dw, DW, ref[1])
-    check_grads(db, DB, ref[2])
+    check_layer_norm(X, DY, x, dy, w, b, 1e-4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -274,11 +280,95 @@ def test_gradients_are_ordinary_dask_arrays(rng):
     assert (dw2 + 1).compute().shape == (8,)
 
 
-def test_unknown_chunk_sizes_are_an_error(rng):
-    X = da.from_array(data(rng, (40, 8), np.float32), chunks=(10, 8))
-    Y = X[X[:, 0] > 0]
-    with pytest.raises(ValueError, match=r"x has chunks of unknown size .*compute_chunk_sizes"):
-        lnfast.layer_norm(Y)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_rows_of_unknown_size(rng, dtype):
+    # rows picked by a mask (or a DataFrame's to_dask_array()) have chunks
+    # of unknown size: a row-wise call runs on them as blockwise does
+    x, r, dy = (data(rng, (200, 24), dtype, 2.0) for _ in range(3))
+    w, b = data(rng, 24, dtype), data(rng, 24, dtype)
+    keep = rng.random(200) > 0.4
+    X, R, DY = (da.from_array(a, chunks=(64, 24))[da.from_array(keep, chunks=64)]
+                for a in (x, r, dy))
+    assert np.isnan(X.shape[0]) and len(X.chunks[0]) == 4
+    x, r, dy = x[keep], r[keep], dy[keep]
+    y = lnfast.layer_norm(X, w, b)
+    assert len(y.chunks[0]) == 4 and np.isnan(y.shape[0]) and y.chunks[1] == (24,)
+    same(y.compute(), lnfast.layer_norm(x, w, b))
+    check_layer_norm(X, DY, x, dy, w, b, 1e-5)
+    for g, v in zip(dask.compute(*lnfast.add_layer_norm_forward(X, R, w, b)),
+                    lnfast.add_layer_norm_forward(x, r, w, b)):
+        same(g, v)
+    _, RS = lnfast.rms_norm_forward(X, w)
+    same(lnfast.rms_norm_backward(DY, X, RS, w)[0].compute(),
+         lnfast.rms_norm_backward(dy, x, lnfast.rms_norm_forward(x, w)[1], w)[0])
+
+
+def test_rows_of_unknown_size_over_a_middle_axis(rng):
+    x = data(rng, (30, 8, 5), np.float32, 1.0)
+    keep = rng.random(30) > 0.5
+    X = da.from_array(x, chunks=(8, 8, 5))[da.from_array(keep, chunks=8)]
+    for g, v in zip(dask.compute(*lnfast.layer_norm_forward(X, axis=1)),
+                    lnfast.layer_norm_forward(x[keep], axis=1)):
+        same(g, v)
+
+
+def test_unknown_sizes_elsewhere_are_an_error(rng):
+    x = data(rng, (40, 8), np.float32)
+    X = da.from_array(x, chunks=(10, 8))
+    cols = X[:, da.from_array(x[0] > -10, chunks=8)]         # every column, of unknown count
+    with pytest.raises(ValueError, match=r"x has chunks of unknown size along the normalized "
+                                         r"axes .*x\.compute_chunk_sizes\(\)"):
+        lnfast.layer_norm(cols)
+    W = da.from_array(np.ones(8, np.float32), chunks=8)
+    with pytest.raises(ValueError, match=r"weight has chunks of unknown size .*weight\."
+                                         r"compute_chunk_sizes"):
+        lnfast.layer_norm(X, W[W > 0])
+    # the checks of a NumPy call come first, in its order
+    with pytest.raises(ValueError, match="x must have at least 1 dimension"):
+        lnfast.layer_norm(da.from_array(np.float32(1)))
+    with pytest.raises(TypeError, match="x must have dtype"):
+        lnfast.layer_norm(cols.astype(np.int32), axis=5)
+
+
+def test_rows_of_unknown_size_with_other_axes_chunked_otherwise(rng):
+    # the known axes of residual, dy and mean are rechunked to x's
+    x, r, dy = (data(rng, (40, 6, 8), np.float32) for _ in range(3))
+    keep = da.from_array(rng.random(40) > 0.3, chunks=10)
+    X, R, DY = (da.from_array(a, chunks=(10, c, 8))[keep] for a, c in ((x, 3), (r, 6), (dy, 2)))
+    k = keep.compute()
+    for g, v in zip(dask.compute(*lnfast.add_layer_norm_forward(X, R)),
+                    lnfast.add_layer_norm_forward(x[k], r[k])):
+        same(g, v)
+    _, mean, rstd = lnfast.layer_norm_forward(DY)           # rows chunked (nan,) x (2, 2, 2)
+    got = lnfast.layer_norm_backward(DY, X, mean, rstd)[0]
+    same(got.compute(), lnfast.layer_norm_backward(dy[k], x[k],
+                                                   *lnfast.layer_norm_forward(dy[k])[1:])[0])
+
+
+def test_rows_of_unknown_size_must_be_chunked_alike(rng):
+    x = data(rng, (40, 8), np.float32)
+    X = da.from_array(x, chunks=(10, 8))
+    every, most = np.ones(40, bool), np.arange(40) % 10 != 0
+    rows = X[da.from_array(every, chunks=10)]               # 4 blocks of unknown size
+    other = da.from_array(x, chunks=(20, 8))[da.from_array(every, chunks=20)]     # 2 blocks
+    with pytest.raises(ValueError, match=r"residual has 2 chunks of unknown size along axis 0 "
+                                         r"where x has 4.*compute_chunk_sizes"):
+        lnfast.add_layer_norm_forward(rows, other)
+    with pytest.raises(ValueError, match=r"residual's rows \(40,\) are of unknown size where "
+                                         r"x's \(nan,\) are not, or the reverse"):
+        lnfast.add_layer_norm_forward(rows, X)              # known against unknown
+    _, mean, rstd = lnfast.layer_norm_forward(rows)
+    with pytest.raises(ValueError, match=r"dy has 2 chunks of unknown size along axis 0 where x "
+                                         r"has 4"):
+        lnfast.layer_norm_backward(other, rows, mean, rstd)
+    with pytest.raises(ValueError, match=r"rstd's rows \(40,\) are of unknown size where x's"):
+        lnfast.layer_norm_backward(rows, rows, mean, lnfast.layer_norm_forward(X)[2])
+    # as many blocks of unknown size, of other lengths (10 rows against 9):
+    # each block's own check, when it runs
+    y = lnfast.add_layer_norm_forward(rows, X[da.from_array(most, chunks=10)])[0]
+    with pytest.raises(ValueError, match=r"residual must have the shape of x \(10, 8\), "
+                                         r"got \(9, 8\)"):
+        y.compute(scheduler="sync")
 
 
 def test_weight_is_read_at_call_time(rng):

@@ -99,12 +99,19 @@ def normalized(name, a, ax):
     return shape
 
 
+def same_shape(a, b):
+    """Shapes a and b alike, a length of unknown size (NaN: a Dask array's
+    rows) matching only another; the blocks' own shapes are checked when
+    they run."""
+    return len(a) == len(b) and all(m == n or (m != m and n != n) for m, n in zip(a, b))
+
+
 def like(name, a, x, x_name="x"):
     """An array that must match x in shape and dtype (dy, dz, residual)."""
     array(name, a)
     if a.dtype != x.dtype:
         raise TypeError(f"{name} must have the dtype of {x_name} ({x.dtype}), got {_got(a.dtype)}")
-    if a.shape != x.shape:
+    if not same_shape(a.shape, x.shape):
         raise ValueError(f"{name} must have the shape of {x_name} {x.shape}, got {a.shape}")
     return a
 
@@ -137,7 +144,7 @@ def stats(name, s, shape):
     array(name, s)
     if s.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {_got(s.dtype)}")
-    if s.shape != shape:
+    if not same_shape(s.shape, shape):
         raise ValueError(
             f"{name} must have shape {shape} (x's without the normalized axes), got {s.shape}")
     return s

@@ -5,7 +5,8 @@ lnfast._dispatch sends a call here when x (or z) is a Dask array; each
 block then goes back through lnfast's own backends with the call's `axis`,
 so a block's rows get the bits the same call on the whole array gives.
 The normalized axes must each be one chunk, in x and in every array of
-x's shape (residual, dy, dz), and a Dask weight or bias one chunk.
+x's shape (residual, dy, dz), and a Dask weight or bias one chunk.  The
+rows may be in chunks of unknown size (x[mask]); the normalized axes not.
 
 - Forward: one task per block of rows returns the tuple of its outputs;
   one layer per output picks its item (as dask.array.apply_gufunc does).
@@ -19,6 +20,7 @@ x's shape (residual, dy, dz), and a Dask weight or bias one chunk.
 - Threads: a task on a worker thread or in a worker process runs lnfast on
   one thread, unless the user chose a count (lnfast._threads.task_threads).
 """
+import math
 import operator
 
 import dask.array as da
@@ -50,14 +52,16 @@ def _kind(a):
     return "numpy.ndarray" if isinstance(block, np.ndarray) else type(block).__name__
 
 
-def _inputs(x_name, x, arrays, params):
-    """Checks of what Dask adds (the rest is lnfast._checks'): arrays
-    (residual, dy, mean, rstd, dz) must be Dask arrays too, weight and bias
-    Dask arrays or arrays of x's blocks' kind, every block of x's kind, and
-    every shape known.  Returns weight and bias, copied where they are
-    arrays (the graph holds them: a later change in place must not reach
-    it)."""
-    for name, a in arrays:
+def _inputs(x_name, x, shaped, stats, params, axis):
+    """Checks of what Dask adds (the rest is lnfast._checks'): the arrays
+    of x's shape (residual, dy, dz) and of its rows' (mean, rstd) must be
+    Dask arrays too, weight and bias Dask arrays or arrays of x's blocks'
+    kind, and every block of x's kind.  Chunks of unknown size (x[mask], a
+    DataFrame's to_dask_array()) may hold the rows, in every array where
+    x's do, but not the normalized axes nor weight and bias.  Returns
+    weight and bias, copied where they are arrays (the graph holds them: a
+    later change in place must not reach the result)."""
+    for name, a in shaped + stats:
         if a is not None and not _checks.is_dask(a):
             raise TypeError(f"{name} is a {type(a).__module__}.{type(a).__name__} but {x_name} "
                             f"is a dask.array.Array: pass both as Dask arrays")
@@ -66,18 +70,59 @@ def _inputs(x_name, x, arrays, params):
         why = " (their masks would be ignored)" if blocks == "numpy.ma.MaskedArray" else ""
         raise TypeError(f"the blocks of {x_name} must be NumPy or CuPy arrays, got {blocks}s"
                         f"{why}")
-    for name, a in [(x_name, x), *arrays, *params]:
-        if a is None:
-            continue
-        if _kind(a) != blocks:
+    for name, a in [(x_name, x), *shaped, *stats, *params]:
+        if a is not None and _kind(a) != blocks:
             what = f"{name}'s blocks are {_kind(a)}s" if _checks.is_dask(a) else \
                 f"{name} is a {_kind(a)}"
             raise TypeError(f"{what} but the blocks of {x_name} are {blocks}s: "
                             f"pass arrays of one kind")
-        if _checks.is_dask(a) and any(n != n for n in a.shape):
-            raise ValueError(f"{name} has chunks of unknown size {a.shape}: call "
-                             f"{name}.compute_chunk_sizes() first")
+    ax, _ = _checks.rows(x_name, x, axis)
+    rows = [n for k, n in enumerate(x.shape) if k not in ax]
+    for name, a in [(x_name, x), *shaped]:
+        if a is not None and a.ndim == x.ndim:
+            _known(name, [a.shape[k] for k in ax], " along the normalized axes", a.shape)
+            _unknown_alike(name, [n for k, n in enumerate(a.shape) if k not in ax], x_name, rows)
+    for name, a in stats:
+        if a is not None and a.ndim == len(rows):
+            _unknown_alike(name, a.shape, x_name, rows)
+    for name, p in params:
+        if _checks.is_dask(p):
+            _known(name, p.shape, "", p.shape)
     return [p if p is None or _checks.is_dask(p) else p.copy() for _, p in params]
+
+
+def _unknown(n):
+    """Whether a length is unknown (NaN: a Dask array's chunks)."""
+    return math.isnan(n)
+
+
+def _known(name, lengths, where, shape):
+    if any(_unknown(n) for n in lengths):
+        raise ValueError(f"{name} has chunks of unknown size{where} {shape}: call "
+                         f"{name}.compute_chunk_sizes() first")
+
+
+def _unknown_alike(name, lengths, x_name, rows):
+    """An array's rows of unknown size where x's are, and only there."""
+    if [_unknown(n) for n in lengths] != [_unknown(n) for n in rows]:
+        raise ValueError(f"{name}'s rows {tuple(lengths)} are of unknown size where {x_name}'s "
+                         f"{tuple(rows)} are not, or the reverse, so they cannot be matched: call "
+                         f"compute_chunk_sizes() on both first")
+
+
+def _rechunked(name, a, chunks, x_name):
+    """a (None, or of x's shape or its rows') in `chunks` (x's, or its
+    rows'); along an axis of unknown size (the same in both: _inputs) the
+    chunks must be alike, as many and all unknown, since no length is
+    known to rechunk by.  Each block's own shape is checked when it runs."""
+    if a is None:
+        return a
+    for k, (p, q) in enumerate(zip(a.chunks, chunks)):
+        if any(_unknown(n) for n in p + q) and len(p) != len(q):
+            raise ValueError(f"{name} has {len(p)} chunks of unknown size along axis {k} where "
+                             f"{x_name} has {len(q)}, so they cannot be matched: call "
+                             f"compute_chunk_sizes() on both first")
+    return a if a.chunks == chunks else a.rechunk(chunks)
 
 
 def _one_chunk(name, x, ax):
@@ -169,7 +214,8 @@ def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None, ax
     if out is not None:
         raise TypeError("out must be None for Dask arrays, which are never written in place; "
                         "use the returned array")
-    weight, bias = _inputs("x", x, [("residual", residual)], [("weight", weight), ("bias", bias)])
+    weight, bias = _inputs("x", x, [("residual", residual)], [],
+                           [("weight", weight), ("bias", bias)], axis)
     eps = _checks.forward_args(x, residual, weight, bias, eps, None, centered, axis)
     ax = _checks.axes(axis, x.ndim)
     for name, a, a_ax in (("x", x, ax), ("residual", residual, ax), ("weight", weight, None),
@@ -177,8 +223,7 @@ def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None, ax
         _one_chunk(name, a, a_ax)
     ind = tuple(range(x.ndim))
     lead = tuple(k for k in ind if k not in ax)
-    if residual is not None:
-        residual = residual.rechunk(x.chunks)       # (the rows' chunks)
+    residual = _rechunked("residual", residual, x.chunks, "x")      # (the rows' chunks)
     xm = x._meta
     compute = _checks.compute_dtype(x.dtype)
     wanted = (True, residual is not None, stats and centered, stats)
@@ -206,8 +251,9 @@ def forward(x, residual, weight, bias, eps, out, centered, stats, z_out=None, ax
 
 def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None, axis=-1):
     """(dx, dweight, dbias) as Dask arrays; dbias is zeros for RMSNorm."""
-    (weight,) = _inputs(x_name, x, [("dy", dy), ("mean", mean if centered else None),
-                                    ("rstd", rstd), ("dz", dz)], [("weight", weight)])
+    (weight,) = _inputs(x_name, x, [("dy", dy), ("dz", dz)],
+                        [("mean", mean if centered else None), ("rstd", rstd)],
+                        [("weight", weight)], axis)
     _checks.backward_args(dy, x, mean, rstd, weight, dz, centered, x_name, axis)
     ax = _checks.axes(axis, x.ndim)
     for name, a, a_ax in ((x_name, x, ax), ("dy", dy, ax), ("dz", dz, ax),
@@ -216,10 +262,10 @@ def backward(dy, x, mean, rstd, weight, dz, centered, x_name="x", dx_out=None, a
     ind = tuple(range(x.ndim))
     lead = tuple(k for k in ind if k not in ax)
     lead_chunks = tuple(x.chunks[k] for k in lead)
-    dy = dy.rechunk(x.chunks)       # (the rows' chunks, as mean's and rstd's)
-    dz = None if dz is None else dz.rechunk(x.chunks)
-    mean = mean.rechunk(lead_chunks) if centered else None
-    rstd = rstd.rechunk(lead_chunks)
+    dy = _rechunked("dy", dy, x.chunks, x_name)     # (the rows' chunks, as mean's and rstd's)
+    dz = _rechunked("dz", dz, x.chunks, x_name)
+    mean = _rechunked("mean", mean, lead_chunks, x_name) if centered else None
+    rstd = _rechunked("rstd", rstd, lead_chunks, x_name)
     xm = x._meta
     norm = tuple(x.shape[k] for k in ax)
     grads = np.dtype(_checks.compute_dtype(x.dtype) if weight is None else weight.dtype)
