@@ -99,11 +99,15 @@ def normalized(name, a, ax):
     return shape
 
 
+def unknown(n):
+    """Whether a length is of unknown size (NaN: a Dask array's rows)."""
+    return math.isnan(n)
+
+
 def same_shape(a, b):
-    """Shapes a and b alike, a length of unknown size (NaN: a Dask array's
-    rows) matching only another; the blocks' own shapes are checked when
-    they run."""
-    return len(a) == len(b) and all(m == n or (m != m and n != n) for m, n in zip(a, b))
+    """Shapes a and b alike, a length of unknown size matching only another;
+    the blocks' own shapes are checked when they run."""
+    return len(a) == len(b) and all(m == n or (unknown(m) and unknown(n)) for m, n in zip(a, b))
 
 
 def like(name, a, x, x_name="x"):

@@ -20,7 +20,6 @@ rows may be in chunks of unknown size (x[mask]); the normalized axes not.
 - Threads: a task on a worker thread or in a worker process runs lnfast on
   one thread, unless the user chose a count (lnfast._threads.task_threads).
 """
-import math
 import operator
 
 import dask.array as da
@@ -91,20 +90,15 @@ def _inputs(x_name, x, shaped, stats, params, axis):
     return [p if p is None or _checks.is_dask(p) else p.copy() for _, p in params]
 
 
-def _unknown(n):
-    """Whether a length is unknown (NaN: a Dask array's chunks)."""
-    return math.isnan(n)
-
-
 def _known(name, lengths, where, shape):
-    if any(_unknown(n) for n in lengths):
+    if any(_checks.unknown(n) for n in lengths):
         raise ValueError(f"{name} has chunks of unknown size{where} {shape}: call "
                          f"{name}.compute_chunk_sizes() first")
 
 
 def _unknown_alike(name, lengths, x_name, rows):
     """An array's rows of unknown size where x's are, and only there."""
-    if [_unknown(n) for n in lengths] != [_unknown(n) for n in rows]:
+    if [_checks.unknown(n) for n in lengths] != [_checks.unknown(n) for n in rows]:
         raise ValueError(f"{name}'s rows {tuple(lengths)} are of unknown size where {x_name}'s "
                          f"{tuple(rows)} are not, or the reverse, so they cannot be matched: call "
                          f"compute_chunk_sizes() on both first")
@@ -118,7 +112,7 @@ def _rechunked(name, a, chunks, x_name):
     if a is None:
         return a
     for k, (p, q) in enumerate(zip(a.chunks, chunks)):
-        if any(_unknown(n) for n in p + q) and len(p) != len(q):
+        if any(_checks.unknown(n) for n in p + q) and len(p) != len(q):
             raise ValueError(f"{name} has {len(p)} chunks of unknown size along axis {k} where "
                              f"{x_name} has {len(q)}, so they cannot be matched: call "
                              f"compute_chunk_sizes() on both first")
