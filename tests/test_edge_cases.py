@@ -13,6 +13,8 @@ import lnfast
 from lnfast import _cpu, _kernels, _pool
 from lnfast import reference as ref
 
+from .helpers import same
+
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_threaded_call_in_a_forked_child_does_not_hang():
@@ -357,6 +359,42 @@ def test_pipelined_and_gathered_rows_agree_bitwise(rng, dtype, D):
             assert g.tobytes() == e.tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+def test_single_element_vectors_and_rows_of_any_stride(rng, dtype):
+    # NumPy calls an axis of one element contiguous whatever its stride (a
+    # slice, a broadcast, a reversed view): every function takes such a
+    # weight, bias, x, dy or out as it takes a compact one, with the same bits.
+    D = 1
+    wdtype = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
+    x, r, dy, dz = (rng.standard_normal((7, 3, D)).astype(dtype) for _ in range(4))
+    w, b = (rng.standard_normal(D).astype(wdtype) + 2 for _ in range(2))
+
+    def odd(a):                 # the same values, the last axis 3 elements apart
+        s = np.zeros(a.shape[:-1] + (3 * D,), a.dtype)
+        s[..., ::3] = a
+        return s[..., ::3]
+
+    views = [lambda v: np.broadcast_to(v, (D,)), lambda v: np.repeat(v, 2)[::2],
+             lambda v: v[::-1], odd]
+    want = None
+    for view in [lambda v: v] + views:
+        wv, bv = view(w.copy()), view(b.copy())
+        xv, dyv = (view(a) if view is odd else a for a in (x, dy))
+        y, mean, rstd = lnfast.layer_norm_forward(xv, wv, bv)
+        _, rr = lnfast.rms_norm_forward(xv, wv)
+        got = (y, mean, rstd, *lnfast.layer_norm_backward(dyv, xv, mean, rstd, wv),
+               *lnfast.add_layer_norm_forward(xv, r, wv, bv),
+               *lnfast.add_layer_norm_backward(dyv, xv, mean, rstd, wv, dz=dz),
+               lnfast.rms_norm(xv, wv), *lnfast.rms_norm_backward(dyv, xv, rr, wv))
+        if view is not odd:
+            out = odd(np.zeros_like(x))
+            lnfast.layer_norm(x, wv, bv, out=out)
+            same(out, got[0])
+        want = want or got
+        for g, e in zip(got, want):
+            same(g, e)
+
+
 @pytest.mark.parametrize("dtype, u", [(np.float32, 2.0**-24), (np.float64, 2.0**-53),
                                       (np.float16, 2.0**-24), (ml_dtypes.bfloat16, 2.0**-24)])
 def test_a_first_value_far_from_the_mean_costs_no_accuracy(dtype, u):
@@ -421,6 +459,55 @@ def test_float64_rows_of_subnormal_spread_or_near_the_top():
         assert np.allclose(y, fn(x * scale, eps=0.0)[0], rtol=1e-14, atol=0)   # scaled
         if reference is not None:       # eps swamps the variance: y = (x - mean) / sqrt(eps)
             assert np.allclose(fn(x)[0], reference(x)[0], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["layer_norm", "rms_norm"])
+def test_float64_backward_rows_near_the_top(rng, centered):
+    # Values of opposite sign near float64's maximum: deviations from the
+    # mean, or their sums with dy, overflow unless scaled.  dx (subnormal:
+    # rstd is about 1e-308) and dweight against mpmath, by every route.
+    import mpmath
+
+    mpmath.mp.prec = 256
+    M, D = 40, 6
+    x = rng.standard_normal((M, D))
+    x[::3] = x[::3] / np.abs(x[::3]).max(axis=1, keepdims=True) * 1.7e308
+    x[1::3] *= 1e307
+    dy = rng.standard_normal((M, D))
+    fwd, bwd = ((lnfast.layer_norm_forward, lnfast.layer_norm_backward) if centered else
+                (lnfast.rms_norm_forward, lnfast.rms_norm_backward))
+    stats = fwd(x)[1:]
+    dx_want = np.empty((M, D), object)
+    dw_want = [mpmath.mpf(0)] * D
+    for r in range(M):
+        xs = [mpmath.mpf(float(v)) for v in x[r]]
+        m = sum(xs) / D if centered else 0
+        rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(1e-5))
+        xh = [(v - m) * rs for v in xs]
+        g = [mpmath.mpf(float(v)) for v in dy[r]]
+        mg = sum(g) / D if centered else 0
+        mgx = sum(a * b for a, b in zip(g, xh)) / D
+        for j in range(D):
+            dx_want[r, j] = rs * (g[j] - mg - xh[j] * mgx)
+            dw_want[j] += g[j] * xh[j]
+    routes = [bwd(dy, x, *stats), bwd(np.asfortranarray(dy), np.asfortranarray(x), *stats),
+              bwd(dy[:, ::-1], x[:, ::-1], *stats)]
+    lnfast.set_num_threads(1)
+    try:
+        routes.append(bwd(dy, x, *stats))
+    finally:
+        lnfast.set_num_threads(None)
+    for k, got in enumerate(routes):
+        dx, dw = got[0], got[1]
+        if k == 2:
+            dx, dw = dx[:, ::-1], dw[::-1]
+        assert np.isfinite(dx).all() and np.isfinite(dw).all(), k
+        for r in range(M):
+            scale = max(abs(v) for v in dx_want[r])
+            err = max(abs(mpmath.mpf(float(a)) - e) for a, e in zip(dx[r], dx_want[r]))
+            assert err <= 1e-14 * scale + mpmath.mpf(2) ** -1070, (k, r, float(err / scale))
+        for j in range(D):
+            assert abs(mpmath.mpf(float(dw[j])) - dw_want[j]) <= 1e-13 * M, (k, j)
 
 
 def test_rows_whose_squares_all_underflow_are_not_taken_for_constant():

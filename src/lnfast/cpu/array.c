@@ -11,7 +11,10 @@ int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_
         if (shape[k] < 0)
             return LNF_EINVAL;
     a->base = (char *)base;
-    a->inner = strides[ndim - 1];
+    /* A single element's stride addresses nothing (NumPy calls such an
+     * axis contiguous whatever it is): elements adjacent, for the paths
+     * that want them so. */
+    a->inner = shape[ndim - 1] == 1 ? lnf_itemsize(dtype) : strides[ndim - 1];
     a->dtype = dtype;
     a->nd = 0;
     for (int k = 0; k < ndim - 1; k++) {      /* outermost first; drop unit axes */

@@ -6,6 +6,12 @@
 #include "kernels.h"
 #include "lnfast_cpu.h"
 
+/* Bytes per element of a dtype. */
+static inline ptrdiff_t lnf_itemsize(int dtype)
+{
+    return dtype == LNF_FLOAT64 ? 8 : dtype == LNF_FLOAT32 ? 4 : 2;
+}
+
 static inline char *lnf_row(const lnf_array *m, ptrdiff_t r)
 {
     ptrdiff_t off = 0;

@@ -11,8 +11,8 @@
  * {sum(x - mean), sum(g), sum(g * (x - mean))}, g = dy * w:
  * k = {mean, c, rstd, mean(g), mean(g * xhat)} (row_grad_k); row_grad_ok
  * turns down the rare rows that backward_exact must redo (row_grad_scalars
- * returns 0 for them): float32 rows whose sums came out infinite or
- * NaN, and rows whose terms g * (x - mean) are tiny on average
+ * returns 0 for them): rows whose sums came out infinite or NaN (float32:
+ * past 1e300), and rows whose terms g * (x - mean) are tiny on average
  * (LNF_TINY_TERMS_*), where deviations or dweight terms may be rounded to
  * subnormals.  Rows where g sums to zero too (dy zero: padding) lose
  * nothing there and are not redone; rows whose deviations are all zero
@@ -40,7 +40,7 @@ static inline int F(row_grad_ok)(double s0, double s1, double s2, double D)
 {
     double tiny = REAL_F64 ? LNF_TINY_TERMS_F64 : LNF_TINY_TERMS_F32;
     double all = s0 + s1 + s2;
-    if (!REAL_F64 && !(-1e300 < all && all < 1e300))
+    if (REAL_F64 ? !(fabs(all) <= DBL_MAX) : !(-1e300 < all && all < 1e300))
         return 0;
     return !(fabs(s2) < D * tiny && (s2 != 0.0 || s1 != 0.0));
 }
@@ -84,12 +84,22 @@ static inline void F(end_of_run)(const lnf_bwd *b, REAL *g, double *dw, ptrdiff_
     }
 }
 
+/* (x - m) * up, exactly where it does not overflow or underflow: scaled
+ * down (up < 1), x and m each before their difference. */
+static inline double F(deviation)(double x, double m, double up)
+{
+    return up < 1.0 ? x * up - m * up : (x - m) * up;
+}
+
 /* Row r in float64 throughout, for the rows row_grad_scalars turns down.
  * float32 rows whose sums overflow overflow float32 in the map too (x near
  * float32's limit, or dy * weight past it), where the true dx and dweight
  * terms may be finite.  float64 rows whose deviations from the mean are
  * all below 2**-900 are scaled by 2**1000 first, so that no deviation is
- * rounded to a subnormal when the mean's residual c is taken off it.  The
+ * rounded to a subnormal when the mean's residual c is taken off it; those
+ * with one past 2**960 (values of opposite sign near float64's maximum,
+ * whose deviations or sums overflow) by 2**-64, x and the mean each
+ * before their difference, so that it cannot overflow.  The
  * dweight/dbias terms of float32 arithmetic are added in float64
  * (sc->grads, fold_grads), not rounded to float32: a subnormal float32
  * term keeps few digits.  Rows are gathered into the thread's rows (4)
@@ -124,15 +134,17 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
                                 : NULL;
     if (REAL_F64) {
         for (ptrdiff_t i = 0; i < D; i++) {
-            d = fabs(xr[i] - m);
-            if (big < d && d <= DBL_MAX)
+            d = fabs(xr[i] - m);        /* (infinite where it overflows) */
+            if (big < d)
                 big = d;
         }
         if (big < ldexp(1.0, -900))
             up = ldexp(1.0, 1000);
+        else if (big > ldexp(1.0, 960))
+            up = ldexp(1.0, -64);
     }
     for (ptrdiff_t i = 0; i < D; i++) {
-        d = (xr[i] - m) * up;
+        d = F(deviation)(xr[i], m, up);
         gi = (double)dyr[i] * w[i];
         s0 += d;
         s1 += gi;
@@ -142,7 +154,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     mg = a->centered ? s1 / D : 0.0;
     mgx = rs * (s2 - c * s1) / D;
     for (ptrdiff_t i = 0; i < D; i++) {
-        xh = ((xr[i] - m) * up - c) * rs;       /* xhat * up */
+        xh = (F(deviation)(xr[i], m, up) - c) * rs;     /* xhat * up */
         d = rs * (((double)dyr[i] * w[i] - mg) - xh * (mgx / up) / up);
         if (dzr != NULL)
             d += dzr[i];

@@ -19,12 +19,6 @@
 #define LNF_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LNF_MAX(a, b) ((a) > (b) ? (a) : (b))
 
-/* Bytes per element of a dtype. */
-static inline ptrdiff_t lnf_itemsize(int dtype)
-{
-    return dtype == LNF_FLOAT64 ? 8 : dtype == LNF_FLOAT32 ? 4 : 2;
-}
-
 /* Whether p is aligned to `size` bytes. */
 static inline int lnf_aligned(const void *p, ptrdiff_t size)
 {
