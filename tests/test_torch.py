@@ -363,6 +363,38 @@ def test_compile_dynamic_normalized_size_without_a_weight(gen):
         assert all(torch.equal(g, e) for g, e in zip(got, want))
 
 
+def test_compile_dynamic_normalized_shape_taken_from_the_input(gen):
+    # normalized_shape as x.shape[-1:] or [x.shape[-1]] stays symbolic, as
+    # torch.nn.functional's does: one graph for every row length
+    from torch._dynamo.testing import CompileCounter
+
+    for fn in (lambda x: lt.layer_norm(x, x.shape[-1:]),
+               lambda x: lt.rms_norm(x, [x.shape[-1]]),
+               lambda x: lt.add_layer_norm(x, x, x.shape[-1:])[1]):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        f = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+        for d in (5, 6, 7):
+            x = randn(gen, 3, d, dtype=torch.float32)
+            torch.testing.assert_close(f(x), fn(x), rtol=0, atol=0)
+        assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("needs", ["x", "residual", "weight", "bias"])
+def test_z_needs_a_gradient_only_where_x_or_residual_does(gen, needs):
+    # z = x + residual, as torch's sum: not differentiable in weight or bias
+    args = {name: randn(gen, *shape, dtype=torch.float32, grad=name == needs)
+            for name, shape in (("x", (3, 8)), ("residual", (3, 8)), ("weight", (8,)),
+                                ("bias", (8,)))}
+    y, z = lt.add_layer_norm(args["x"], args["residual"], 8, args["weight"], args["bias"])
+    assert y.requires_grad
+    assert z.requires_grad == (needs in ("x", "residual"))
+    (got,) = torch.autograd.grad((y * y).sum(), args[needs])
+    p = {k: v.detach().requires_grad_(k == needs) for k, v in args.items()}
+    want = F.layer_norm(p["x"] + p["residual"], (8,), p["weight"], p["bias"])
+    torch.testing.assert_close(got, torch.autograd.grad((want * want).sum(), p[needs])[0])
+
+
 @pytest.mark.parametrize("centered", [True, False])
 def test_every_path_gives_the_same_bits(gen, centered):
     # the operator, the autograd.Function (grad), and the call without grad
@@ -662,6 +694,8 @@ def test_replace_norms_keeps_dtype_device_and_mode():
     (lambda x, w: lt.add_layer_norm(x, x, 3), ValueError, "last axes of x, got x of shape"),
     (lambda x, w: lt.layer_norm(x, ()), ValueError, "normalized_shape must name at least one"),
     (lambda x, w: lt.layer_norm(x, 8, eps=True), TypeError, "eps"),
+    (lambda x, w: lt.replace_norms(None), TypeError, "module must be a torch.nn.Module"),
+    (lambda x, w: lt.replace_norms([torch.nn.LayerNorm(8)]), TypeError, "module"),
 ])
 def test_bad_input(gen, call, exc, match):
     x = randn(gen, 4, 8, dtype=torch.float32)

@@ -211,9 +211,17 @@ def _remember(ctx, residual, weight, bias, k, centered):
                                                bias is not None)
 
 
+def _z_without_gradient(ctx, z):
+    """z = x + residual needs a gradient only where x or residual does, as
+    torch's sum would (not where only the weight or bias does)."""
+    if ctx.fused and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+        ctx.mark_non_differentiable(z)
+
+
 def _setup_context(ctx, inputs, output):
     x, residual, weight, bias, k, eps, centered = inputs
     _remember(ctx, residual, weight, bias, k, centered)
+    _z_without_gradient(ctx, output[1])
     ctx.save_for_backward(output[1] if residual is not None else x, output[2], output[3], weight)
 
 
@@ -382,6 +390,7 @@ class _Norm(torch.autograd.Function):
         _remember(ctx, residual, weight, bias, k, centered)
         if residual is not None:
             zt = _tensor(z)
+            _z_without_gradient(ctx, zt)
             ctx.save_for_backward(zt, weight)
             ctx.arrays = (z, wa, mean, rstd)
             return _tensor(y), zt
@@ -500,10 +509,13 @@ def _strided(name, t):
 
 
 def _size(n):
-    """One size of normalized_shape: an integer (operator.index), not a bool."""
+    """One size of normalized_shape: an integer (operator.index), not a
+    bool.  An int as it is: under torch.compile's dynamic shapes (and
+    torch.export's Dims) it may be symbolic, and operator.index would fix
+    it to its example value (a recompilation for each size)."""
     if isinstance(n, bool):
         raise TypeError
-    return operator.index(n)
+    return n if isinstance(n, (int, torch.SymInt)) else operator.index(n)
 
 
 def _quietly(check, *args):
@@ -862,6 +874,8 @@ def replace_norms(module: torch.nn.Module) -> torch.nn.Module:
     >>> type(model[1]).__module__
     'lnfast.torch'
     """
+    if not isinstance(module, torch.nn.Module):
+        raise _TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     for m in module.modules():
         cls = _LNFAST_CLASS.get(type(m))
         if cls is not None:

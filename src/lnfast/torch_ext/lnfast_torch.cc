@@ -347,8 +347,8 @@ struct NormBackward : public torch::autograd::Node {
         Tensor wt = weight.unpack();
         optional<Tensor> w = wt.defined() ? optional<Tensor>(wt) : std::nullopt, dz;
         Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(s);
-        if (fused)
-            dz = grads[1].defined() ? grads[1] : at::zeros_like(s);
+        if (fused)      // (z has no gradient slot where it took no history)
+            dz = grads.size() > 1 && grads[1].defined() ? grads[1] : at::zeros_like(s);
         auto call = [&](const optional<Tensor> &ww) {
             if (at::GradMode::is_enabled())
                 return norm_backward_op().call(dy, s, m, r, ww, dz, k, centered);
@@ -391,7 +391,9 @@ norm_autograd(const Tensor &x, const optional<Tensor> &residual, const optional<
     if (node) {         // (mean, rstd and an unused z: no history, no gradient)
         Tensor &y = std::get<0>(out), &z = std::get<1>(out);
         torch::autograd::set_history(y, node);
-        if (fused)
+        // z = x + residual needs a gradient only where x or residual does,
+        // as torch's sum would (not where only the weight or bias does)
+        if (fused && torch::autograd::compute_requires_grad(x, residual))
             torch::autograd::set_history(z, node);
         node->src = SavedVariable(fused ? z : x, fused);
         node->mean = SavedVariable(std::get<2>(out), false);
