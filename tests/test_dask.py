@@ -363,6 +363,17 @@ def test_rows_of_unknown_size_must_be_chunked_alike(rng):
         lnfast.layer_norm_backward(other, rows, mean, rstd)
     with pytest.raises(ValueError, match=r"rstd's rows \(40,\) are of unknown size where x's"):
         lnfast.layer_norm_backward(rows, rows, mean, lnfast.layer_norm_forward(X)[2])
+    # as many chunks, but known where x's are unknown, or the reverse
+    part = da.concatenate([X[:10], X[10:][da.from_array(every[10:], chunks=10)]])
+    assert part.chunks[0][0] == 10 and len(part.chunks[0]) == 4
+    with pytest.raises(ValueError, match=r"dy's chunks along axis 0 \(10, nan, nan, nan\) are "
+                                         r"not x's \(nan, nan, nan, nan\).*compute_chunk_sizes"):
+        lnfast.layer_norm_backward(part, rows, mean, rstd)
+    with pytest.raises(ValueError, match=r"residual's chunks along axis 0 \(nan, nan, nan, nan\) "
+                                         r"are not x's \(10, nan, nan, nan\)"):
+        lnfast.add_layer_norm_forward(part, rows)
+    same(lnfast.add_layer_norm_forward(part, part)[0].compute(),
+         lnfast.add_layer_norm_forward(x, x)[0])
     # as many blocks of unknown size, of other lengths (10 rows against 9):
     # each block's own check, when it runs
     y = lnfast.add_layer_norm_forward(rows, X[da.from_array(most, chunks=10)])[0]

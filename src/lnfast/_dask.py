@@ -92,7 +92,7 @@ def _inputs(x_name, x, shaped, stats, params, axis):
 
 def _known(name, lengths, where, shape):
     if any(_checks.unknown(n) for n in lengths):
-        raise ValueError(f"{name} has chunks of unknown size{where} {shape}: call "
+        raise ValueError(f"{name} has chunks of unknown size{where} (its shape is {shape}): call "
                          f"{name}.compute_chunk_sizes() first")
 
 
@@ -107,14 +107,22 @@ def _unknown_alike(name, lengths, x_name, rows):
 def _rechunked(name, a, chunks, x_name):
     """a (None, or of x's shape or its rows') in `chunks` (x's, or its
     rows'); along an axis of unknown size (the same in both: _inputs) the
-    chunks must be alike, as many and all unknown, since no length is
-    known to rechunk by.  Each block's own shape is checked when it runs."""
+    chunks must be alike, as many, unknown where x's are and of x's
+    lengths elsewhere, since no length is known to rechunk by.  Each
+    block's own shape is checked when it runs."""
     if a is None:
         return a
     for k, (p, q) in enumerate(zip(a.chunks, chunks)):
-        if any(_checks.unknown(n) for n in p + q) and len(p) != len(q):
+        if not any(_checks.unknown(n) for n in p + q):
+            continue
+        if len(p) != len(q):
             raise ValueError(f"{name} has {len(p)} chunks of unknown size along axis {k} where "
                              f"{x_name} has {len(q)}, so they cannot be matched: call "
+                             f"compute_chunk_sizes() on both first")
+        if [None if _checks.unknown(n) else n for n in p] != \
+                [None if _checks.unknown(n) else n for n in q]:
+            raise ValueError(f"{name}'s chunks along axis {k} {p} are not {x_name}'s {q}: where "
+                             f"sizes are unknown they cannot be matched, call "
                              f"compute_chunk_sizes() on both first")
     return a if a.chunks == chunks else a.rechunk(chunks)
 
