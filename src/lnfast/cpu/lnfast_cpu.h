@@ -42,9 +42,10 @@ typedef struct lnf_array {
 } lnf_array;
 
 /* Describe an array of `ndim` >= 1 axes whose last is normalized; byte
- * strides.  LNF_EINVAL for an unknown dtype, a negative length, NULL
- * shape or strides, or more than LNF_MAX_LEAD leading axes that do not
- * merge. */
+ * strides (a last axis of one element is taken as contiguous, whatever its
+ * stride, as NumPy takes it).  LNF_EINVAL for an unknown dtype, a
+ * negative length, NULL shape or strides, or more than LNF_MAX_LEAD
+ * leading axes that do not merge. */
 int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_t *shape,
                    const ptrdiff_t *strides);
 
