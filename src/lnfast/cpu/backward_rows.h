@@ -91,15 +91,28 @@ static inline double F(deviation)(double x, double m, double up)
     return up < 1.0 ? x * up - m * up : (x - m) * up;
 }
 
+/* The largest finite |v[i]| of D values (0 where there is none). */
+static inline double F(largest)(const REAL *v, ptrdiff_t D)
+{
+    double big = 0.0;
+    for (ptrdiff_t i = 0; i < D; i++)
+        if (big < fabs((double)v[i]) && fabs((double)v[i]) <= DBL_MAX)
+            big = fabs((double)v[i]);
+    return big;
+}
+
 /* Row r in float64 throughout, for the rows row_grad_scalars turns down.
  * float32 rows whose sums overflow overflow float32 in the map too (x near
  * float32's limit, or dy * weight past it), where the true dx and dweight
- * terms may be finite.  float64 rows whose deviations from the mean are
- * all below 2**-900 are scaled by 2**1000 first, so that no deviation is
- * rounded to a subnormal when the mean's residual c is taken off it; those
- * with one past 2**960 (values of opposite sign near float64's maximum,
- * whose deviations or sums overflow) by 2**-64, x and the mean each
- * before their difference, so that it cannot overflow.  The
+ * terms may be finite.  float64 rows are scaled where their terms would
+ * leave float64's range: deviations from the mean all below 2**-900 by
+ * 2**1000 (up), so that none is rounded to a subnormal when the mean's
+ * residual c is taken off it; deviations past 2**960 (values of opposite
+ * sign near float64's maximum) down to below 1, x and the mean each
+ * before their difference; and g = dy * w, where it and the deviations
+ * could overflow the sums, down to below 4 (by 2**-eg, dy and w each
+ * before their product, dx scaled back once).  xhat is then computed
+ * unscaled, so that a small one does not become subnormal.  The
  * dweight/dbias terms of float32 arithmetic are added in float64
  * (sc->grads, fold_grads), not rounded to float32: a subnormal float32
  * term keeps few digits.  Rows are gathered into the thread's rows (4)
@@ -113,6 +126,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     double s0 = 0.0, s1 = 0.0, s2 = 0.0;
     double m = a->centered ? mean[r] : 0.0;
     double rs = rstd[r], c, mg, mgx, xh, d, gi, big = 0.0, up = 1.0;
+    int edy = 0, ew = 0;        /* g scaled by 2**-(edy + ew) */
     REAL *buf = sc->rows;
     double *grads = NULL;
     if (b->direct && !lnf_native(&a->x)) {
@@ -141,21 +155,31 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         if (big < ldexp(1.0, -900))
             up = ldexp(1.0, 1000);
         else if (big > ldexp(1.0, 960))
-            up = ldexp(1.0, -64);
+            up = big > DBL_MAX ? ldexp(1.0, -1025) : ldexp(1.0, -ilogb(big) - 1);
+        double bdy = F(largest)(dyr, D), bw = F(largest)(w, D);
+        int ed = up < 1.0 ? 0 : ilogb(big * up);
+        if (bdy > 0.0 && bw > 0.0 && ilogb(bdy) + ilogb(bw) + (ed > 0 ? ed : 0) > 900)
+            edy = ilogb(bdy), ew = ilogb(bw);
     }
+    /* xhat = (deviation - c) * rsx, unscaled where deviations are scaled
+     * down; scaled by up where they are scaled up */
+    double rsx = up < 1.0 ? rs / up : rs, xs = up < 1.0 ? 1.0 : up;
     for (ptrdiff_t i = 0; i < D; i++) {
         d = F(deviation)(xr[i], m, up);
-        gi = (double)dyr[i] * w[i];
+        gi = REAL_F64 ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
         s0 += d;
         s1 += gi;
         s2 += gi * d;
     }
-    c = a->centered ? s0 / D : 0.0;     /* (c, mgx: scaled by up) */
+    c = a->centered ? s0 / D : 0.0;     /* (c: scaled by up; mgx by xs; mg, mgx by g's scale) */
     mg = a->centered ? s1 / D : 0.0;
-    mgx = rs * (s2 - c * s1) / D;
+    mgx = rsx * (s2 - c * s1) / D;
     for (ptrdiff_t i = 0; i < D; i++) {
-        xh = (F(deviation)(xr[i], m, up) - c) * rs;     /* xhat * up */
-        d = rs * (((double)dyr[i] * w[i] - mg) - xh * (mgx / up) / up);
+        xh = (F(deviation)(xr[i], m, up) - c) * rsx;    /* xhat * xs */
+        gi = REAL_F64 ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
+        d = rs * ((gi - mg) - xh * (mgx / xs) / xs);
+        if (REAL_F64)
+            d = ldexp(d, edy + ew);
         if (dzr != NULL)
             d += dzr[i];
         dxr[i] = (REAL)d;
@@ -164,7 +188,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             if (a->centered)
                 grads[D + i] += dyr[i];
         } else {
-            g[i] += dyr[i] * xh / up;
+            g[i] += dyr[i] * xh / xs;
             if (a->centered)
                 g[D + i] += dyr[i];
         }
