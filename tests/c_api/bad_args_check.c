@@ -1,7 +1,9 @@
 /* The C API refuses arguments that do not fit with LNF_EINVAL, before it
  * reads or writes through them: NULL argument blocks, shapes and strides,
  * negative lengths, leading-axis counts set by hand, misaligned mean, rstd
- * and dwdb, unknown dtypes for lnf_round_sums, a dx in place of x or dy;
+ * and dwdb, row strides that are not whole elements (every row but the
+ * first misaligned), unknown dtypes for lnf_round_sums, a dx in place of x
+ * or dy; a refused lnf_array_init writes nothing;
  * a D near PTRDIFF_MAX gives no arithmetic trap; thread counts out of
  * range are clamped.  Built and
  * run by tests/test_c_api.py, with AddressSanitizer and UBSan where the
@@ -63,6 +65,21 @@ int main(void)
     expect(lnf_array_init(&a, xs, LNF_FLOAT64, 2, NULL, NULL), LNF_EINVAL, "NULL shape");
     expect(lnf_array_init(NULL, xs, LNF_FLOAT64, 2, neg + 1, strides + 1), LNF_EINVAL,
            "NULL array");
+    {   /* a failed description leaves its lnf_array as it was */
+        enum { N = LNF_MAX_LEAD + 3 };
+        ptrdiff_t sh[N], stv[N];
+        for (int k = 0; k < N; k++)      /* leading axes that do not merge */
+            sh[k] = 2, stv[k] = 24 * (ptrdiff_t)(N - k);
+        unsigned char before[sizeof a];
+        memset(&a, 0xAB, sizeof a);
+        memcpy(before, &a, sizeof a);
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, N, sh, stv), LNF_EINVAL,
+               "too many leading axes");
+        if (memcmp(before, &a, sizeof a) != 0) {
+            printf("a refused lnf_array_init wrote its array\n");
+            bad = 1;
+        }
+    }
     expect(lnf_forward(NULL), LNF_EINVAL, "NULL forward arguments");
     expect(lnf_backward(NULL), LNF_EINVAL, "NULL backward arguments");
 
@@ -79,6 +96,14 @@ int main(void)
     f = forward_args();
     f.rstd = (char *)(st + M) + 4;
     expect(lnf_forward(&f), LNF_EINVAL, "misaligned rstd");
+    f = forward_args();
+    f.x.stride[0] = D * 8 - 4;          /* every row after the first misaligned */
+    f.M = f.x.shape[0] = 2;
+    f.y.shape[0] = 2;
+    expect(lnf_forward(&f), LNF_EINVAL, "a row stride of half an element");
+    f = forward_args();
+    f.y.stride[0] = D * 8 + 2;
+    expect(lnf_forward(&f), LNF_EINVAL, "a row stride of y of a quarter element");
     for (int k = 0; k < 4; k++) {       /* clamped, the same bytes */
         static const int counts[4] = {0, -1, INT32_MIN, INT32_MAX};
         double want[M * D];

@@ -4,32 +4,34 @@
 int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_t *shape,
                    const ptrdiff_t *strides)
 {
+    lnf_array t;        /* (a is written only on success) */
     if (a == NULL || shape == NULL || strides == NULL || dtype < 0 || dtype >= LNF_NDTYPES
         || ndim < 1)
         return LNF_EINVAL;
     for (int k = 0; k < ndim; k++)
         if (shape[k] < 0)
             return LNF_EINVAL;
-    a->base = (char *)base;
+    t.base = (char *)base;
     /* A single element's stride addresses nothing (NumPy calls such an
      * axis contiguous whatever it is): elements adjacent, for the paths
      * that want them so. */
-    a->inner = shape[ndim - 1] == 1 ? lnf_itemsize(dtype) : strides[ndim - 1];
-    a->dtype = dtype;
-    a->nd = 0;
+    t.inner = shape[ndim - 1] == 1 ? lnf_itemsize(dtype) : strides[ndim - 1];
+    t.dtype = dtype;
+    t.nd = 0;
     for (int k = 0; k < ndim - 1; k++) {      /* outermost first; drop unit axes */
         if (shape[k] == 1)
             continue;
-        if (a->nd > 0 && a->stride[a->nd - 1] == strides[k] * shape[k]) {
-            a->shape[a->nd - 1] *= shape[k];
-            a->stride[a->nd - 1] = strides[k];
+        if (t.nd > 0 && t.stride[t.nd - 1] == strides[k] * shape[k]) {
+            t.shape[t.nd - 1] *= shape[k];
+            t.stride[t.nd - 1] = strides[k];
             continue;
         }
-        if (a->nd == LNF_MAX_LEAD)
+        if (t.nd == LNF_MAX_LEAD)
             return LNF_EINVAL;
-        a->shape[a->nd] = shape[k];
-        a->stride[a->nd] = strides[k];
-        a->nd++;
+        t.shape[t.nd] = shape[k];
+        t.stride[t.nd] = strides[k];
+        t.nd++;
     }
+    *a = t;
     return LNF_OK;
 }

@@ -34,8 +34,11 @@ static inline int lnf_rows_ok(const lnf_array *a, ptrdiff_t M, int f64)
         || a->nd > LNF_MAX_LEAD || (f64 ? a->dtype != LNF_FLOAT64 : a->dtype == LNF_FLOAT64))
         return 0;
     ptrdiff_t n = 1, size = lnf_itemsize(a->dtype);
-    for (int k = 0; k < a->nd; k++)
+    for (int k = 0; k < a->nd; k++) {
+        if (a->stride[k] % size != 0)       /* (every row aligned, as the first) */
+            return 0;
         n *= a->shape[k];
+    }
     return n == M && lnf_aligned(a->base, size) && a->inner % size == 0;
 }
 

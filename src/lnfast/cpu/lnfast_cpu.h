@@ -62,7 +62,10 @@ int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_
  * arithmetic takes float64 arrays.  The inputs' layout chooses the kernel
  * (docs/design.md); that of the outputs, given x's dtype, changes no bit.
  * Arguments that do not fit (dtypes, row counts, misaligned data, a
- * strided float32/float64 vector, a 16-bit stand-in) give LNF_EINVAL. */
+ * strided float32/float64 vector, a 16-bit stand-in) give LNF_EINVAL.
+ * Lengths are the caller's word: an lnf_array keeps no row length, so D
+ * (and weight_len, bias_len) must be those of the arrays' rows and
+ * vectors, and eps non-negative (lnfast's Python layer checks both). */
 typedef struct lnf_forward_args {
     lnf_array x, residual, z, y, weight, bias;
     ptrdiff_t weight_len, bias_len;
