@@ -104,6 +104,16 @@ def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
                           ("--plot", str(tmp_path / "x.pdf"))):
         p = run("bench", option, value)
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr
+    if os.path.isdir("/proc"):          # a folder that takes no new file
+        p = run("bench", "--json", "/proc/lnfast.json")
+        assert p.returncode == 2 and "cannot write '/proc/lnfast.json'" in p.stderr
+    # without matplotlib, --plot is refused before the run
+    code = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+            f"sys.argv = ['lnfast', 'bench', '--plot', {str(tmp_path / 'p.png')!r}]; "
+            "runpy.run_module('lnfast', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "--plot needs matplotlib" in p.stderr
+    assert not (tmp_path / "p.png").exists()
 
 
 def test_bench_refuses_options_its_group_would_ignore():

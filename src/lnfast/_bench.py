@@ -14,6 +14,7 @@ medians, so that a noisy spell of a shared machine falls on every case
 alike rather than on the few timed during it.
 """
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -84,6 +85,7 @@ def add_arguments(p):
 
 
 GROUPS = ("axes", "torch", "dask", "jax", "gpu")
+PLOT_NEEDS = "--plot needs matplotlib: pip install 'lnfast[bench]'"
 
 
 def check_arguments(parser, args):
@@ -98,6 +100,8 @@ def check_arguments(parser, args):
     for option in ("plot", "peers"):
         if getattr(args, option) and group is not None:
             parser.error(f"--{option} belongs to the default group, not to --{group}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error(PLOT_NEEDS)
     if not math.isfinite(args.dask_gib) or args.dask_gib < 0:
         parser.error(f"--dask-gib: expected a size in GiB >= 0, got {args.dask_gib!r}")
     if args.dask_gib and group != "dask":
@@ -132,6 +136,14 @@ def _new_file(text):
         raise argparse.ArgumentTypeError(f"no folder {folder!r} to write {text!r} in")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    existed = os.path.exists(text)
+    try:                # (a folder may exist and still refuse the file)
+        with open(text, "ab"):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {e.strerror}") from None
+    if not existed:
+        os.remove(text)
     return text
 
 
@@ -501,7 +513,7 @@ def _plot(results, impls, path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'lnfast[bench]'")
+        raise SystemExit(PLOT_NEEDS)
     funcs = list(dict.fromkeys(r["function"] for r in results))
     dtypes = list(dict.fromkeys(r["dtype"] for r in results))
     fig, axes = plt.subplots(len(funcs), len(dtypes), squeeze=False,
