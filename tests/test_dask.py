@@ -351,15 +351,14 @@ def test_rows_of_unknown_size_must_be_chunked_alike(rng):
     every, most = np.ones(40, bool), np.arange(40) % 10 != 0
     rows = X[da.from_array(every, chunks=10)]               # 4 blocks of unknown size
     other = da.from_array(x, chunks=(20, 8))[da.from_array(every, chunks=20)]     # 2 blocks
-    with pytest.raises(ValueError, match=r"residual has 2 chunks of unknown size along axis 0 "
-                                         r"where x has 4.*compute_chunk_sizes"):
+    with pytest.raises(ValueError, match=r"residual has 2 chunks along axis 0 where x has 4, "
+                                         r"of unknown size there.*compute_chunk_sizes"):
         lnfast.add_layer_norm_forward(rows, other)
     with pytest.raises(ValueError, match=r"residual's rows \(40,\) are of unknown size where "
                                          r"x's \(nan,\) are not, or the reverse"):
         lnfast.add_layer_norm_forward(rows, X)              # known against unknown
     _, mean, rstd = lnfast.layer_norm_forward(rows)
-    with pytest.raises(ValueError, match=r"dy has 2 chunks of unknown size along axis 0 where x "
-                                         r"has 4"):
+    with pytest.raises(ValueError, match=r"dy has 2 chunks along axis 0 where x has 4"):
         lnfast.layer_norm_backward(other, rows, mean, rstd)
     with pytest.raises(ValueError, match=r"rstd's rows \(40,\) are of unknown size where x's"):
         lnfast.layer_norm_backward(rows, rows, mean, lnfast.layer_norm_forward(X)[2])

@@ -116,9 +116,9 @@ def _rechunked(name, a, chunks, x_name):
         if not any(_checks.unknown(n) for n in p + q):
             continue
         if len(p) != len(q):
-            raise ValueError(f"{name} has {len(p)} chunks of unknown size along axis {k} where "
-                             f"{x_name} has {len(q)}, so they cannot be matched: call "
-                             f"compute_chunk_sizes() on both first")
+            raise ValueError(f"{name} has {len(p)} chunks along axis {k} where {x_name} has "
+                             f"{len(q)}, of unknown size there, so they cannot be matched: "
+                             f"call compute_chunk_sizes() on both first")
         if [None if _checks.unknown(n) else n for n in p] != \
                 [None if _checks.unknown(n) else n for n in q]:
             raise ValueError(f"{name}'s chunks along axis {k} {p} are not {x_name}'s {q}: where "

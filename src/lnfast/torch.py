@@ -562,7 +562,7 @@ def _checked(x, normalized_shape, params, name_x):
         raise _ValueError(f"normalized_shape={list(shape)} must be the last axes of {name_x}, "
                           f"got {name_x} of shape {list(xshape)}")
     if 0 in shape:
-        raise _ValueError(f"normalized_shape must not be empty (D >= 1), got {list(shape)}")
+        raise _ValueError(f"normalized_shape must have no size 0 (D >= 1), got {list(shape)}")
     dtype, cuda = x.dtype, x.is_cuda
     if dtype not in _DTYPES:
         raise _TypeError(f"{name_x} must be float32, float64, float16 or bfloat16, got {dtype}")

@@ -190,7 +190,7 @@ std::pair<int64_t, int64_t> shape(const Tensor &x, int64_t k)
     TORCH_CHECK_VALUE(k >= 1 && k <= x.dim(), "k: cannot normalize the last ", k, " axes of a ",
                       x.dim(), "-dimensional input");
     int64_t D = c10::multiply_integers(x.sizes().slice(x.dim() - k));
-    TORCH_CHECK_VALUE(D >= 1, "normalized_shape must not be empty (D >= 1)");
+    TORCH_CHECK_VALUE(D >= 1, "normalized_shape must have no size 0 (D >= 1)");
     return {x.numel() / D, D};
 }
 
