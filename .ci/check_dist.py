@@ -35,7 +35,9 @@ for required in ("src/lnfast/_cpu.pyx", "src/lnfast/_pool.pyx", "src/lnfast/_poo
                  "src/lnfast/cpu/halfconv.h", "src/lnfast/kernels/norm.cu",
                  "src/lnfast/jax_ffi/lnfast_ffi.cc", "src/lnfast/torch_ext/lnfast_torch.cc",
                  "setup.py", "pyproject.toml", "tests/test_layer_norm.py",
-                 "tests/gpu/emulate.h", "tests/gpu/fake_cupy/cupy/__init__.py"):
+                 "tests/gpu/emulate.h", "tests/gpu/fake_cupy/cupy/__init__.py",
+                 "docs/conf.py", "benchmarks/tile_floor.c",
+                 "benchmarks/results/bench_2core.json"):
     assert required in members, f"sdist lacks {required}"
 for m in members:
     assert not m.endswith((".so", ".pyd")) and not re.fullmatch(r"src/lnfast/_\w+\.c", m), \
