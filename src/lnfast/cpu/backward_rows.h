@@ -36,11 +36,13 @@ static inline void F(row_grad_k)(double s0, double s1, double s2, double D, int 
 }
 
 /* Whether row_grad_k's row serves (else backward_exact redoes it). */
-static inline int F(row_grad_ok)(double s0, double s1, double s2, double D)
+static inline int F(row_grad_ok)(double s0, double s1, double s2, double D, double rstd)
 {
     double tiny = REAL_F64 ? LNF_TINY_TERMS_F64 : LNF_TINY_TERMS_F32;
     double all = s0 + s1 + s2;
-    if (REAL_F64 ? !(fabs(all) <= DBL_MAX) : !(-1e300 < all && all < 1e300))
+    /* (float64: not where rstd is NaN or 0, x itself NaN or infinite, whose
+     * outputs are NaN either way) */
+    if (REAL_F64 ? rstd > 0.0 && !(fabs(all) <= DBL_MAX) : !(-1e300 < all && all < 1e300))
         return 0;
     return !(fabs(s2) < D * tiny && (s2 != 0.0 || s1 != 0.0));
 }
@@ -49,7 +51,7 @@ static inline int F(row_grad_scalars)(const double *s, ptrdiff_t D, int centered
                                       REAL rstd, REAL *k)
 {
     F(row_grad_k)(s[0], s[1], s[2], (double)D, centered, mean, rstd, k);
-    return F(row_grad_ok)(s[0], s[1], s[2], (double)D);
+    return F(row_grad_ok)(s[0], s[1], s[2], (double)D, rstd);
 }
 
 /* row_grad_k of a tile's LNF_TILE lanes (sums s[j], s[T + j], s[2 T + j];
@@ -166,7 +168,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     double rsx = up < 1.0 ? rs / up : rs, xs = up < 1.0 ? 1.0 : up;
     for (ptrdiff_t i = 0; i < D; i++) {
         d = F(deviation)(xr[i], m, up);
-        gi = REAL_F64 ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
+        gi = edy | ew ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
         s0 += d;
         s1 += gi;
         s2 += gi * d;
@@ -176,9 +178,9 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     mgx = rsx * (s2 - c * s1) / D;
     for (ptrdiff_t i = 0; i < D; i++) {
         xh = (F(deviation)(xr[i], m, up) - c) * rsx;    /* xhat * xs */
-        gi = REAL_F64 ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
+        gi = edy | ew ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
         d = rs * ((gi - mg) - xh * (mgx / xs) / xs);
-        if (REAL_F64)
+        if (edy | ew)
             d = ldexp(d, edy + ew);
         if (dzr != NULL)
             d += dzr[i];
@@ -440,7 +442,7 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys, carries, mode);
         F(tile_grad_k)(s, (double)D, c, m, rs, k);
         for (ptrdiff_t j = 0; j < n; j++) {
-            hard[j] = !F(row_grad_ok)(s[j], s[T + j], s[2 * T + j], (double)D);
+            hard[j] = !F(row_grad_ok)(s[j], s[T + j], s[2 * T + j], (double)D, rs[j]);
             any |= hard[j];
             if (hard[j]) {
                 for (int q = 0; q < 5; q++)
