@@ -93,6 +93,12 @@ static inline double F(deviation)(double x, double m, double up)
     return up < 1.0 ? x * up - m * up : (x - m) * up;
 }
 
+/* g = dy * w, scaled by 2**-(edy + ew): dy and w each before their product. */
+static inline double F(grad_term)(double dy, double w, int edy, int ew)
+{
+    return edy | ew ? ldexp(dy, -edy) * ldexp(w, -ew) : dy * w;
+}
+
 /* The largest finite |v[i]| of D values (0 where there is none). */
 static inline double F(largest)(const REAL *v, ptrdiff_t D)
 {
@@ -168,7 +174,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     double rsx = up < 1.0 ? rs / up : rs, xs = up < 1.0 ? 1.0 : up;
     for (ptrdiff_t i = 0; i < D; i++) {
         d = F(deviation)(xr[i], m, up);
-        gi = edy | ew ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
+        gi = F(grad_term)(dyr[i], w[i], edy, ew);
         s0 += d;
         s1 += gi;
         s2 += gi * d;
@@ -178,7 +184,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     mgx = rsx * (s2 - c * s1) / D;
     for (ptrdiff_t i = 0; i < D; i++) {
         xh = (F(deviation)(xr[i], m, up) - c) * rsx;    /* xhat * xs */
-        gi = edy | ew ? ldexp(dyr[i], -edy) * ldexp(w[i], -ew) : (double)dyr[i] * w[i];
+        gi = F(grad_term)(dyr[i], w[i], edy, ew);
         d = rs * ((gi - mg) - xh * (mgx / xs) / xs);
         if (edy | ew)
             d = ldexp(d, edy + ew);
