@@ -89,9 +89,17 @@ def test_bench_peers_time_onnxruntime_and_xla(tmp_path):
 
 
 def test_bench_rejects_a_bad_shape():
-    for shape in ("64by256", "0x5", "5x0"):
-        p = run("bench", "--shapes", shape)
-        assert p.returncode != 0 and "MxD" in p.stderr and "Traceback" not in p.stderr
+    # as argparse refuses a bad value: exit status 2 and the usage line, in every group
+    for group in ([], ["--torch"], ["--jax"], ["--gpu"]):
+        for shape in ("64by256", "0x5", "5x0", "-1x5"):
+            p = run("bench", *group, f"--shapes={shape}")
+            assert p.returncode == 2 and "Traceback" not in p.stderr, (group, shape)
+            assert "usage:" in p.stderr and f"--shapes: expected MxD" in p.stderr
+
+
+def test_version():
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"lnfast {lnfast.__version__}"
 
 
 def test_bench_rejects_bad_counts_and_paths_before_running(tmp_path):
@@ -138,6 +146,11 @@ def test_a_bad_thread_count_variable_is_reported_not_a_traceback():
                            text=True, timeout=300, env=env)
         assert p.returncode == status and "Traceback" not in p.stderr
         assert "LNFAST_NUM_THREADS" in p.stdout + p.stderr
+    # bench --threads sets the count, so the variable is not read
+    p = subprocess.run([sys.executable, "-m", "lnfast", "bench", "--threads", "1", "--quick",
+                        "--no-numpy", "--shapes", "64x64", "--dtypes", "float32"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and "64x64" in p.stdout, p.stderr
 
 
 def test_check_refuses_a_negative_seed():

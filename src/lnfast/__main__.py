@@ -15,7 +15,10 @@ def _seed(text):
 
 
 def main(argv=None):
+    import lnfast
+
     parser = argparse.ArgumentParser(prog="python -m lnfast")
+    parser.add_argument("--version", action="version", version=f"lnfast {lnfast.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="self-test every function against float64")
     check.add_argument("--seed", type=_seed, default=None)
@@ -29,14 +32,11 @@ def main(argv=None):
         _bench.check_arguments(bench, args)
 
     if args.command == "config":
-        import lnfast
-
         lnfast.show_config()
         return 0
-    from lnfast import get_num_threads
-
-    try:
-        get_num_threads()
+    try:                        # (bench --threads sets the count: the variable is not read)
+        if args.command == "check" or args.threads is None:
+            lnfast.get_num_threads()
     except ValueError as e:     # (a bad LNFAST_NUM_THREADS: every call would raise it)
         print(f"python -m lnfast {args.command}: {e}", file=sys.stderr)
         return 2

@@ -42,7 +42,7 @@ PAUSE = 0.2     # seconds before a case when other runtimes' thread pools are ab
 
 def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="small shapes, few repeats (<30 s)")
-    p.add_argument("--shapes", nargs="+", metavar="MxD", help=f"default: {' '.join(DEFAULT_SHAPES)}")
+    p.add_argument("--shapes", nargs="+", metavar="MxD", type=_shape_text, help=f"default: {' '.join(DEFAULT_SHAPES)}")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
                    help="default: all four")
     p.add_argument("--threads", type=_thread_count, default=None,
@@ -157,14 +157,22 @@ def _png_file(text):
 
 
 def _shape(text):
+    """An MxD shape's (M, D)."""
     try:
         m, d = (int(v) for v in text.lower().split("x"))
     except ValueError:
         m = d = 0
     if m < 1 or d < 1:
-        raise SystemExit(f"--shapes: expected MxD of positive integers such as 8192x1024, "
-                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected MxD of positive integers such as "
+                                         f"8192x1024, got {text!r}")
     return m, d
+
+
+def _shape_text(text):
+    """An argparse type: an MxD shape, checked (_shape) and kept as text for
+    every group to read."""
+    _shape(text)
+    return text.lower()
 
 
 def _median_seconds(fn, repeat, budget):
