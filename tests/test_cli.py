@@ -134,7 +134,15 @@ def test_bench_refuses_options_its_group_would_ignore():
                          (["--dask", "--dask-gib", "-1"], "--dask-gib"),
                          (["--dask", "--dask-gib", "nan"], "--dask-gib"),
                          (["--dask-gib", "1"], "--dask-gib needs --dask"),
-                         (["--dask", "--dask-cluster", "2"], "--dask-cluster needs")):
+                         (["--dask", "--dask-cluster", "2"], "--dask-cluster needs"),
+                         (["--torch", "--functions", "rms_norm"], "--functions"),
+                         (["--jax", "--isa", "portable"], "--isa"),
+                         (["--axes", "--no-numpy"], "--no-numpy"),
+                         (["--dask", "--rounds", "2"], "--rounds"),
+                         (["--jax", "--dtypes", "float64"], "--dtypes"),
+                         (["--torch", "--dtypes", "float32", "float16"], "float16"),
+                         (["--axes", "--dtypes", "float64"], "--dtypes"),
+                         (["--dask", "--dtypes", "bfloat16"], "--dtypes")):
         p = run("bench", *args)
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr, args
 

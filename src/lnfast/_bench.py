@@ -41,10 +41,11 @@ PAUSE = 0.2     # seconds before a case when other runtimes' thread pools are ab
 
 
 def add_arguments(p):
-    p.add_argument("--quick", action="store_true", help="small shapes, few repeats (<30 s)")
+    p.add_argument("--quick", action="store_true", help="small shapes, few repeats (under a minute)")
     p.add_argument("--shapes", nargs="+", metavar="MxD", type=_shape_text, help=f"default: {' '.join(DEFAULT_SHAPES)}")
-    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
-                   help="default: all four")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES),
+                   help="default: all four; --axes, --torch and --jax: float32 and bfloat16 "
+                        "(the only ones they time); --gpu: float32; --dask: float32 only")
     p.add_argument("--threads", type=_thread_count, default=None,
                    help="lnfast and torch threads")
     p.add_argument("--repeat", type=_positive, default=None, help="timed calls per case")
@@ -86,6 +87,13 @@ def add_arguments(p):
 
 GROUPS = ("axes", "torch", "dask", "jax", "gpu")
 PLOT_NEEDS = "--plot needs matplotlib: pip install 'lnfast[bench]'"
+# The dtypes each group times (the first list) and times by default (the second).
+GROUP_DTYPES = {None: (list(DTYPES), list(DTYPES)), "gpu": (list(DTYPES), ["float32"]),
+                "axes": (["float32", "bfloat16"],) * 2, "torch": (["float32", "bfloat16"],) * 2,
+                "jax": (["float32", "bfloat16"],) * 2, "dask": (["float32"],) * 2}
+# Options only the default group reads, and the groups that do not read --rounds.
+DEFAULT_GROUP_ONLY = ("plot", "peers", "functions", "isa", "no_numpy")
+NO_ROUNDS = ("dask", "gpu")
 
 
 def check_arguments(parser, args):
@@ -97,9 +105,18 @@ def check_arguments(parser, args):
     group = groups[0] if groups else None
     if args.shapes and group in ("axes", "dask"):
         parser.error(f"--shapes does not apply to --{group}, which times shapes of its own")
-    for option in ("plot", "peers"):
-        if getattr(args, option) and group is not None:
+    for option in DEFAULT_GROUP_ONLY:
+        if getattr(args, option) not in (None, False, "best") and group is not None:
+            option = option.replace("_", "-")
             parser.error(f"--{option} belongs to the default group, not to --{group}")
+    if args.rounds and group in NO_ROUNDS:
+        parser.error(f"--rounds does not apply to --{group}")
+    timed, default = GROUP_DTYPES[group]
+    others = [d for d in args.dtypes or () if d not in timed]
+    if others:
+        parser.error(f"--dtypes: --{group} times {' and '.join(timed)} only, not "
+                     f"{', '.join(others)}")
+    args.dtypes = args.dtypes or default
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error(PLOT_NEEDS)
     if not math.isfinite(args.dask_gib) or args.dask_gib < 0:

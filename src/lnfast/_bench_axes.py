@@ -61,7 +61,7 @@ def run(args, torch, threads):
     repeat = args.repeat or (5 if args.quick else 15)
     budget = 0.5 if args.quick else 1.5
     rounds, per_round = _rounds(args, repeat)
-    dtypes = [d for d in args.dtypes if d in ("float32", "bfloat16")] or ["float32"]
+    dtypes = args.dtypes
     rng = np.random.default_rng(0)
     rows = []
     for shape, ax in CASES:

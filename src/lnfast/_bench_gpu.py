@@ -57,7 +57,7 @@ def run(args):
     cp = _cupy_or_exit()
     torch = _torch_cuda()
     shapes = [_shape(s) for s in (args.shapes or (GPU_QUICK_SHAPES if args.quick else GPU_SHAPES))]
-    dtypes = args.dtypes if args.dtypes != list(DTYPES) else ["float32"]
+    dtypes = args.dtypes
     repeat = args.repeat or (10 if args.quick else 50)
     dev = cp.cuda.Device()
     l2 = dev.attributes["L2CacheSize"]

@@ -16,7 +16,6 @@ from lnfast._bench import _copy, _gbs, _in_rounds, _numpy_forward, _rounds
 
 SHAPES = ["8192x1024", "256x1024", "32x768"]
 QUICK = ["256x1024", "32x768"]
-DTYPES = ["float32", "bfloat16"]
 # The passes, and the bytes a perfect kernel moves in each, in x.nbytes.
 TRAFFIC = {"forward": 2, "forward + backward": 5}
 
@@ -38,7 +37,7 @@ def run(args, threads):
     rng = np.random.default_rng(0)
     for shape in args.shapes or (QUICK if args.quick else SHAPES):
         M, D = (int(v) for v in shape.lower().split("x"))
-        for dname in [d for d in args.dtypes if d in DTYPES] or DTYPES:
+        for dname in args.dtypes:
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
             dt = getattr(jnp, dname)
             x, dy = (jnp.asarray(rng.standard_normal((M, D), np.float32), dt) for _ in range(2))

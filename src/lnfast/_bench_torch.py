@@ -19,7 +19,6 @@ from lnfast._bench import _copy, _gbs, _in_rounds, _median_seconds, _rounds
 
 SHAPES = ["8192x1024", "256x1024", "32x768", "1x768"]
 QUICK = ["256x1024", "1x768"]
-DTYPES = ["float32", "bfloat16"]
 
 
 def _block(torch, width=768, heads=12):
@@ -49,7 +48,7 @@ def run(args, torch, threads):
     budget = 0.5 if args.quick else 1.5
     rounds, per_round = _rounds(args, repeat)
     shapes = args.shapes or (QUICK if args.quick else SHAPES)
-    dtypes = [d for d in args.dtypes if d in DTYPES] or DTYPES
+    dtypes = args.dtypes
     rows = []
     for shape in shapes:
         M, D = (int(v) for v in shape.lower().split("x"))

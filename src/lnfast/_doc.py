@@ -48,6 +48,7 @@ ValueError
     A wrong shape, axis or eps, or an empty normalized axis.  Nothing is
     written when a call raises.""",
 }
+PARAMS["raises_backward"] = PARAMS["raises"].replace("shape, axis or eps", "shape or axis")
 
 
 def fill(fn: F) -> F:

@@ -127,7 +127,7 @@ def layer_norm_backward(dy: A, x: A, mean: A, rstd: A, weight: Optional[A] = Non
         The gradient of x: x's shape and dtype.
     {grads}
 
-    {raises}
+    {raises_backward}
 
     Examples
     --------
@@ -215,7 +215,7 @@ def add_layer_norm_backward(dy: A, z: A, mean: A, rstd: A, weight: Optional[A] =
         reaching z, plus dz.
     {grads}
 
-    {raises}
+    {raises_backward}
 
     Examples
     --------

@@ -95,7 +95,7 @@ def rms_norm_backward(dy: A, x: A, rstd: A, weight: Optional[A] = None, *,
     dweight : array
         The sum over every row, as `layer_norm_backward`'s.
 
-    {raises}
+    {raises_backward}
 
     Examples
     --------

@@ -59,9 +59,9 @@ def set_num_threads(n: Optional[int]) -> None:
     ----------
     n : int or None
         From 1 to 1024, or None for the default: ``LNFAST_NUM_THREADS``
-        where set, else one in a Dask worker task, else OpenMP's (which
-        threadpoolctl can limit).  Results are bitwise the same for any
-        count.
+        where set, else one in the tasks of lnfast's Dask graphs on Dask's
+        workers, else OpenMP's (which threadpoolctl can limit).  Results
+        are bitwise the same for any count.
 
     Raises
     ------
@@ -101,8 +101,8 @@ def get_num_threads() -> int:
     -------
     int
         `set_num_threads`'s count, else ``LNFAST_NUM_THREADS``, else one
-        in a Dask worker task, else OpenMP's default; 1 in a process forked
-        after lnfast was imported.
+        in the tasks of lnfast's Dask graphs on Dask's workers, else
+        OpenMP's default; 1 in a process forked after lnfast was imported.
 
     Examples
     --------
