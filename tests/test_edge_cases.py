@@ -461,33 +461,23 @@ def test_float64_rows_of_subnormal_spread_or_near_the_top():
             assert np.allclose(fn(x)[0], reference(x)[0], rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("centered", [True, False], ids=["layer_norm", "rms_norm"])
-def test_float64_backward_rows_near_the_top(rng, centered):
-    # Values of opposite sign near float64's maximum, and dy * weight up to
-    # 1e300: deviations from the mean, or their sums with dy, overflow
-    # unless scaled.  dx (subnormal where rstd is about 1e-308) and dweight
-    # against mpmath, by every route, with ordinary rows among them.
+def check_float64_backward_exactly(x, dy, eps, centered):
+    """dx and dweight of float64 rows against mpmath (the SPEC's formulas on
+    x and dy as given), by every route: pipelined rows, tiles (Fortran
+    order), strided rows and one thread."""
     import mpmath
 
     mpmath.mp.prec = 256
-    M, D = 40, 6
-    x = rng.standard_normal((M, D))
-    x[::4] = x[::4] / np.abs(x[::4]).max(axis=1, keepdims=True) * 1.7e308
-    x[1::4] *= 1e307
-    dy = rng.standard_normal((M, D))
-    dy[::4][::2] *= 1e300
-    dy[1::4][::2] *= 1e19
-    dy[2::4] *= 1e300
-    dy[0, 2] = 1e-300                           # a tiny dweight term in a huge row
+    M, D = x.shape
     fwd, bwd = ((lnfast.layer_norm_forward, lnfast.layer_norm_backward) if centered else
                 (lnfast.rms_norm_forward, lnfast.rms_norm_backward))
-    stats = fwd(x)[1:]
+    stats = fwd(x, eps=eps)[1:]
     dx_want = np.empty((M, D), object)
     dw_want, dw_units = [mpmath.mpf(0)] * D, [mpmath.mpf(0)] * D
     for r in range(M):
         xs = [mpmath.mpf(float(v)) for v in x[r]]
         m = sum(xs) / D if centered else 0
-        rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(1e-5))
+        rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(eps))
         xh = [(v - m) * rs for v in xs]
         g = [mpmath.mpf(float(v)) for v in dy[r]]
         mg = sum(g) / D if centered else 0
@@ -515,6 +505,41 @@ def test_float64_backward_rows_near_the_top(rng, centered):
         for j in range(D):
             err = abs(mpmath.mpf(float(dw[j])) - dw_want[j])
             assert err <= 12 * dw_units[j] + abs(dw_want[j]) * 2.0**-53, (k, j)
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["layer_norm", "rms_norm"])
+def test_float64_backward_rows_near_the_top(rng, centered):
+    # Values of opposite sign near float64's maximum, and dy * weight up to
+    # 1e300: deviations from the mean, or their sums with dy, overflow
+    # unless scaled.  dx (subnormal where rstd is about 1e-308) and dweight
+    # against mpmath, by every route, with ordinary rows among them.
+    M, D = 40, 6
+    x = rng.standard_normal((M, D))
+    x[::4] = x[::4] / np.abs(x[::4]).max(axis=1, keepdims=True) * 1.7e308
+    x[1::4] *= 1e307
+    dy = rng.standard_normal((M, D))
+    dy[::4][::2] *= 1e300
+    dy[1::4][::2] *= 1e19
+    dy[2::4] *= 1e300
+    dy[0, 2] = 1e-300                           # a tiny dweight term in a huge row
+    check_float64_backward_exactly(x, dy, 1e-5, centered)
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["layer_norm", "rms_norm"])
+def test_float64_backward_rows_of_tiny_terms(rng, centered):
+    # Normal x and dy whose products dy * (x - mean) underflow (a spread of
+    # 1e-150 and dy of 1e-200, eps=0), subnormal dy, and deviations scaled
+    # up by 2**1000 with dy large enough that the scaled terms overflowed:
+    # dx and dweight are normal numbers all the same.
+    M, D = 48, 5
+    x = rng.standard_normal((M, D))
+    dy = rng.standard_normal((M, D))
+    for r, (sx, sdy) in enumerate([(1e-150, 1e-200), (1e-100, 1e-250), (1e-50, 1e-300),
+                                   (1.0, 1e-310), (1e-150, 1e-310), (1e-275, 1e10),
+                                   (1e-290, 1e10), (1e-300, 1e-300)]):
+        x[r::8] *= sx
+        dy[r::8] *= sdy
+    check_float64_backward_exactly(x, dy, 0.0, centered)
 
 
 def test_rows_whose_squares_all_underflow_are_not_taken_for_constant():

@@ -117,15 +117,19 @@ static inline double F(largest)(const REAL *v, ptrdiff_t D)
  * 2**1000 (up), so that none is rounded to a subnormal when the mean's
  * residual c is taken off it; deviations past 2**960 (values of opposite
  * sign near float64's maximum) down to below 1, x and the mean each
- * before their difference; and g = dy * w, where it and the deviations
- * could overflow the sums, down to below 4 (by 2**-eg, dy and w each
- * before their product, dx scaled back once).  xhat is then computed
- * unscaled, so that a small one does not become subnormal.  The
+ * before their difference; and g = dy * w to below 4 (by 2**-(edy + ew),
+ * dy and w each before their product), so that neither its sums and the
+ * products g * deviation overflow nor, for tiny dy, underflow; dx is taken
+ * as rstd scaled into [1, 2) times the scaled terms, then scaled back
+ * once.  xhat is computed unscaled where the deviations are scaled down,
+ * so that a small one does not become subnormal, and its dweight term
+ * dy * xhat unscaled where it could overflow scaled.  The
  * dweight/dbias terms of float32 arithmetic are added in float64
  * (sc->grads, fold_grads), not rounded to float32: a subnormal float32
  * term keeps few digits.  Rows are gathered into the thread's rows (4)
  * where not contiguous in the compute type; dx is rounded once (16-bit dx:
- * then to 16 bits, as the forward's row_exact). */
+ * then to 16 bits, as the forward's row_exact; a subnormal float64 dx of
+ * a scaled row, twice). */
 static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
                               const REAL *rstd, ptrdiff_t r, REAL *g, lnf_scratch *sc)
 {
@@ -134,7 +138,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     double s0 = 0.0, s1 = 0.0, s2 = 0.0;
     double m = a->centered ? mean[r] : 0.0;
     double rs = rstd[r], c, mg, mgx, xh, d, gi, big = 0.0, up = 1.0;
-    int edy = 0, ew = 0;        /* g scaled by 2**-(edy + ew) */
+    int edy = 0, ew = 0, er = 0;    /* g scaled by 2**-(edy + ew), rstd by 2**-er */
     REAL *buf = sc->rows;
     double *grads = NULL;
     if (b->direct && !lnf_native(&a->x)) {
@@ -165,9 +169,10 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         else if (big > ldexp(1.0, 960))
             up = big > DBL_MAX ? ldexp(1.0, -1025) : ldexp(1.0, -ilogb(big) - 1);
         double bdy = F(largest)(dyr, D), bw = F(largest)(w, D);
-        int ed = up < 1.0 ? 0 : ilogb(big * up);
-        if (bdy > 0.0 && bw > 0.0 && ilogb(bdy) + ilogb(bw) + (ed > 0 ? ed : 0) > 900)
+        if (bdy > 0.0 && bw > 0.0)
             edy = ilogb(bdy), ew = ilogb(bw);
+        if ((edy | ew) && rs > 0.0 && rs <= DBL_MAX)
+            er = ilogb(rs);
     }
     /* xhat = (deviation - c) * rsx, unscaled where deviations are scaled
      * down; scaled by up where they are scaled up */
@@ -185,9 +190,10 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     for (ptrdiff_t i = 0; i < D; i++) {
         xh = (F(deviation)(xr[i], m, up) - c) * rsx;    /* xhat * xs */
         gi = F(grad_term)(dyr[i], w[i], edy, ew);
-        d = rs * ((gi - mg) - xh * (mgx / xs) / xs);
         if (edy | ew)
-            d = ldexp(d, edy + ew);
+            d = ldexp(ldexp(rs, -er) * ((gi - mg) - xh * (mgx / xs) / xs), edy + ew + er);
+        else
+            d = rs * ((gi - mg) - xh * (mgx / xs) / xs);
         if (dzr != NULL)
             d += dzr[i];
         dxr[i] = (REAL)d;
@@ -196,7 +202,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             if (a->centered)
                 grads[D + i] += dyr[i];
         } else {
-            g[i] += dyr[i] * xh / xs;
+            g[i] += fabs(xh) >= 1.0 ? dyr[i] * (xh / xs) : dyr[i] * xh / xs;
             if (a->centered)
                 g[D + i] += dyr[i];
         }
