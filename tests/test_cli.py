@@ -177,6 +177,11 @@ def test_a_bad_cache_limit_names_the_variable():
                            text=True, timeout=120,
                            env={**os.environ, "LNFAST_CACHE_BYTES": value})
         assert p.returncode != 0 and "ValueError: LNFAST_CACHE_BYTES" in p.stderr
+    # set but empty, as containers and CI often leave a variable: the default
+    p = subprocess.run([sys.executable, "-c", "import lnfast; lnfast.show_config()"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "LNFAST_CACHE_BYTES": ""})
+    assert p.returncode == 0 and "1024 MiB" in p.stdout, p.stdout + p.stderr
 
 
 def test_bench_gpu_explains_what_it_needs():

@@ -28,7 +28,7 @@ MIN_BYTES = LNF_POOL_MIN
 
 def _limit_from_env():
     text = os.environ.get("LNFAST_CACHE_BYTES")
-    if text is None:
+    if not text:                # (unset or empty, as LNFAST_NUM_THREADS)
         return 1 << 30
     try:
         limit = int(text)
