@@ -542,6 +542,44 @@ def test_float64_backward_rows_of_tiny_terms(rng, centered):
     check_float64_backward_exactly(x, dy, 0.0, centered)
 
 
+@pytest.mark.parametrize("x, dy, w, centered", [
+    ([0.0, 0.0, 0.0], [1e200, 1e-200, 0.0], None, False),
+    ([0.0, 1.0, 1.0], [1e200, 1e-300, 0.0], None, False),
+    ([1.0, 1.0, 1.0], [1e200, -1e200, 1e-200], None, True),
+    ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1e150, 1e-200, 1.0], True),
+    ([1e-150, -1e-150, 0.0], [1e-200, 2e-200, 3e-300], None, True),
+    ([1e-275, -1e-275, 0.0], [1e10, 1e10, 1e-100], None, False)])
+def test_float64_backward_redo_keeps_each_term(x, dy, w, centered):
+    # Rows redone in float64 whose dy * weight spans hundreds of orders of
+    # magnitude: each dx against mpmath on its own, the small ones (where
+    # xhat is 0 or mean(g) cancels) included.
+    import mpmath
+
+    mpmath.mp.prec = 256
+    x, dy = np.array([x]), np.array([dy])
+    w = None if w is None else np.array(w)
+    eps = 0.0 if 0 < abs(x).max() < 1e-100 else 1e-5     # (tiny rows: eps would swamp them)
+    if centered:
+        _, mean, rstd = lnfast.layer_norm_forward(x, w, eps=eps)
+        dx = lnfast.layer_norm_backward(dy, x, mean, rstd, w)[0][0]
+    else:
+        _, rstd = lnfast.rms_norm_forward(x, w, eps=eps)
+        dx = lnfast.rms_norm_backward(dy, x, rstd, w)[0][0]
+    xs = [mpmath.mpf(float(v)) for v in x[0]]
+    D = len(xs)
+    m = sum(xs) / D if centered else 0
+    rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(eps))
+    xh = [(v - m) * rs for v in xs]
+    g = [mpmath.mpf(float(a)) * (1 if w is None else mpmath.mpf(float(b)))
+         for a, b in zip(dy[0], [None] * D if w is None else w)]
+    mg = sum(g) / D if centered else 0
+    mgx = sum(a * b for a, b in zip(g, xh)) / D
+    for j in range(D):
+        want = rs * (g[j] - mg - xh[j] * mgx)
+        assert abs(mpmath.mpf(float(dx[j])) - want) <= 1e-14 * abs(want) + mpmath.mpf(2) ** -1070, \
+            (j, float(dx[j]), float(want))
+
+
 def test_rows_whose_squares_all_underflow_are_not_taken_for_constant():
     # Sums of exactly zero come from constant rows and from rows whose every
     # square underflowed; with an eps too small to swamp such a variance

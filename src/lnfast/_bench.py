@@ -91,9 +91,9 @@ PLOT_NEEDS = "--plot needs matplotlib: pip install 'lnfast[bench]'"
 GROUP_DTYPES = {None: (list(DTYPES), list(DTYPES)), "gpu": (list(DTYPES), ["float32"]),
                 "axes": (["float32", "bfloat16"],) * 2, "torch": (["float32", "bfloat16"],) * 2,
                 "jax": (["float32", "bfloat16"],) * 2, "dask": (["float32"],) * 2}
-# Options only the default group reads, and the groups that do not read --rounds.
-DEFAULT_GROUP_ONLY = ("plot", "peers", "functions", "isa", "no_numpy")
-NO_ROUNDS = ("dask", "gpu")
+# Options only the default group reads, and those some groups do not read.
+DEFAULT_GROUP_ONLY = ("plot", "peers", "functions", "no_numpy")
+NOT_READ_BY = {"rounds": ("dask", "gpu"), "isa": ("gpu",), "threads": ("gpu",)}
 
 
 def check_arguments(parser, args):
@@ -109,8 +109,9 @@ def check_arguments(parser, args):
         if getattr(args, option) not in (None, False, "best") and group is not None:
             option = option.replace("_", "-")
             parser.error(f"--{option} belongs to the default group, not to --{group}")
-    if args.rounds and group in NO_ROUNDS:
-        parser.error(f"--rounds does not apply to --{group}")
+    for option, groups in NOT_READ_BY.items():
+        if getattr(args, option) not in (None, "best") and group in groups:
+            parser.error(f"--{option} does not apply to --{group}")
     timed, default = GROUP_DTYPES[group]
     others = [d for d in args.dtypes or () if d not in timed]
     if others:

@@ -117,13 +117,15 @@ static inline double F(largest)(const REAL *v, ptrdiff_t D)
  * 2**1000 (up), so that none is rounded to a subnormal when the mean's
  * residual c is taken off it; deviations past 2**960 (values of opposite
  * sign near float64's maximum) down to below 1, x and the mean each
- * before their difference; and g = dy * w to below 4 (by 2**-(edy + ew),
- * dy and w each before their product), so that neither its sums and the
- * products g * deviation overflow nor, for tiny dy, underflow; dx is taken
- * as rstd scaled into [1, 2) times the scaled terms, then scaled back
- * once.  xhat is computed unscaled where the deviations are scaled down,
- * so that a small one does not become subnormal, and its dweight term
- * dy * xhat unscaled where it could overflow scaled.  The
+ * before their difference; and g = dy * w, where it or its products with
+ * the deviations could underflow, or overflow the sums (or, deviations
+ * scaled up, mean(g * xhat) * 2**1000), into [1, 4) (by 2**-(edy + ew),
+ * dy and w each before their product; only then, since a g far below the
+ * row's largest is lost scaled down); dx is then taken as rstd scaled into
+ * [1, 2) times the scaled terms, and scaled back once.  xhat is computed
+ * unscaled where the deviations are scaled down, so that a small one does
+ * not become subnormal, and its dweight term dy * xhat unscaled where it
+ * could overflow scaled.  The
  * dweight/dbias terms of float32 arithmetic are added in float64
  * (sc->grads, fold_grads), not rounded to float32: a subnormal float32
  * term keeps few digits.  Rows are gathered into the thread's rows (4)
@@ -169,8 +171,13 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         else if (big > ldexp(1.0, 960))
             up = big > DBL_MAX ? ldexp(1.0, -1025) : ldexp(1.0, -ilogb(big) - 1);
         double bdy = F(largest)(dyr, D), bw = F(largest)(w, D);
-        if (bdy > 0.0 && bw > 0.0)
-            edy = ilogb(bdy), ew = ilogb(bw);
+        if (bdy > 0.0 && bw > 0.0) {
+            /* eg, ed: the exponents of the largest g and scaled deviation */
+            int eg = ilogb(bdy) + ilogb(bw), ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
+            if (eg < -900 || eg + ed < -900 || eg + (ed > 0 ? ed : 0) > 900
+                || (up > 1.0 && big > 0.0 && eg > 0))
+                edy = ilogb(bdy), ew = ilogb(bw);
+        }
         if ((edy | ew) && rs > 0.0 && rs <= DBL_MAX)
             er = ilogb(rs);
     }
