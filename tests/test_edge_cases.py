@@ -548,7 +548,8 @@ def test_float64_backward_rows_of_tiny_terms(rng, centered):
     ([1.0, 1.0, 1.0], [1e200, -1e200, 1e-200], None, True),
     ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1e150, 1e-200, 1.0], True),
     ([1e-150, -1e-150, 0.0], [1e-200, 2e-200, 3e-300], None, True),
-    ([1e-275, -1e-275, 0.0], [1e10, 1e10, 1e-100], None, False)])
+    ([1e-275, -1e-275, 0.0], [1e10, 1e10, 1e-100], None, False),
+    ([1e100, -1e100, 5e99], [1e200, 1.0, 1e-200], [1e150, 1.0, 1.0], True)])
 def test_float64_backward_redo_keeps_each_term(x, dy, w, centered):
     # Rows redone in float64 whose dy * weight spans hundreds of orders of
     # magnitude: each dx against mpmath on its own, the small ones (where

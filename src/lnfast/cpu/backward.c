@@ -14,6 +14,7 @@
  * blocks, row_grad_sums).  Rows far apart whose neighbours are adjacent are
  * taken by tiles, which add their terms into the partial rows directly
  * (tileops.h; backward_tiles). */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "driver.h"

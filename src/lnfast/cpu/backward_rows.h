@@ -93,20 +93,29 @@ static inline double F(deviation)(double x, double m, double up)
     return up < 1.0 ? x * up - m * up : (x - m) * up;
 }
 
-/* g = dy * w, scaled by 2**-(edy + ew): dy and w each before their product. */
-static inline double F(grad_term)(double dy, double w, int edy, int ew)
+/* g = dy * w, scaled by 2**-eg: the product of dy's and w's fractions
+ * (frexp), rounded once, times 2 to its exponent less eg, so that the
+ * product itself cannot leave the range where its scaled value does not. */
+static inline double F(grad_term)(double dy, double w, int eg)
 {
-    return edy | ew ? ldexp(dy, -edy) * ldexp(w, -ew) : dy * w;
+    int a, b;
+    if (!eg)
+        return dy * w;
+    double f = frexp(dy, &a) * frexp(w, &b);
+    return ldexp(f, a + b - eg);
 }
 
-/* The largest finite |v[i]| of D values (0 where there is none). */
-static inline double F(largest)(const REAL *v, ptrdiff_t D)
+/* The exponent (frexp's) of the largest |dy[i] * w[i]| of finite, nonzero
+ * pairs, taken without forming the product; INT_MIN where there is none. */
+static inline int F(grad_exponent)(const REAL *dy, const REAL *w, ptrdiff_t D)
 {
-    double big = 0.0;
-    for (ptrdiff_t i = 0; i < D; i++)
-        if (big < fabs((double)v[i]) && fabs((double)v[i]) <= DBL_MAX)
-            big = fabs((double)v[i]);
-    return big;
+    int e = INT_MIN, a, b;
+    for (ptrdiff_t i = 0; i < D; i++) {
+        double fa = frexp(dy[i], &a), fb = frexp(w[i], &b), f = fabs(fa * fb);
+        if (f > 0.0 && f <= DBL_MAX && a + b + (f >= 0.5) > e)
+            e = a + b + (f >= 0.5);
+    }
+    return e;
 }
 
 /* Row r in float64 throughout, for the rows row_grad_scalars turns down.
@@ -119,9 +128,9 @@ static inline double F(largest)(const REAL *v, ptrdiff_t D)
  * sign near float64's maximum) down to below 1, x and the mean each
  * before their difference; and g = dy * w, where it or its products with
  * the deviations could underflow, or overflow the sums (or, deviations
- * scaled up, mean(g * xhat) * 2**1000), into [1, 4) (by 2**-(edy + ew),
- * dy and w each before their product; only then, since a g far below the
- * row's largest is lost scaled down); dx is then taken as rstd scaled into
+ * scaled up, mean(g * xhat) * 2**1000), to below 1 (by 2**-eg, without
+ * forming dy * w unscaled; only then, since a g far below the row's
+ * largest is lost scaled down); dx is then taken as rstd scaled into
  * [1, 2) times the scaled terms, and scaled back once.  xhat is computed
  * unscaled where the deviations are scaled down, so that a small one does
  * not become subnormal, and its dweight term dy * xhat unscaled where it
@@ -140,7 +149,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     double s0 = 0.0, s1 = 0.0, s2 = 0.0;
     double m = a->centered ? mean[r] : 0.0;
     double rs = rstd[r], c, mg, mgx, xh, d, gi, big = 0.0, up = 1.0;
-    int edy = 0, ew = 0, er = 0;    /* g scaled by 2**-(edy + ew), rstd by 2**-er */
+    int eg = 0, er = 0;         /* g scaled by 2**-eg, rstd by 2**-er */
     REAL *buf = sc->rows;
     double *grads = NULL;
     if (b->direct && !lnf_native(&a->x)) {
@@ -170,15 +179,12 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             up = ldexp(1.0, 1000);
         else if (big > ldexp(1.0, 960))
             up = big > DBL_MAX ? ldexp(1.0, -1025) : ldexp(1.0, -ilogb(big) - 1);
-        double bdy = F(largest)(dyr, D), bw = F(largest)(w, D);
-        if (bdy > 0.0 && bw > 0.0) {
-            /* eg, ed: the exponents of the largest g and scaled deviation */
-            int eg = ilogb(bdy) + ilogb(bw), ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
-            if (eg < -900 || eg + ed < -900 || eg + (ed > 0 ? ed : 0) > 900
-                || (up > 1.0 && big > 0.0 && eg > 0))
-                edy = ilogb(bdy), ew = ilogb(bw);
-        }
-        if ((edy | ew) && rs > 0.0 && rs <= DBL_MAX)
+        /* e, ed: the exponents of the largest g and scaled deviation */
+        int e = F(grad_exponent)(dyr, w, D), ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
+        if (e != INT_MIN && (e < -900 || e + ed < -900 || e + (ed > 0 ? ed : 0) > 900
+                             || (up > 1.0 && big > 0.0 && e > 0)))
+            eg = e;
+        if (eg && rs > 0.0 && rs <= DBL_MAX)
             er = ilogb(rs);
     }
     /* xhat = (deviation - c) * rsx, unscaled where deviations are scaled
@@ -186,7 +192,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     double rsx = up < 1.0 ? rs / up : rs, xs = up < 1.0 ? 1.0 : up;
     for (ptrdiff_t i = 0; i < D; i++) {
         d = F(deviation)(xr[i], m, up);
-        gi = F(grad_term)(dyr[i], w[i], edy, ew);
+        gi = F(grad_term)(dyr[i], w[i], eg);
         s0 += d;
         s1 += gi;
         s2 += gi * d;
@@ -196,9 +202,9 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     mgx = rsx * (s2 - c * s1) / D;
     for (ptrdiff_t i = 0; i < D; i++) {
         xh = (F(deviation)(xr[i], m, up) - c) * rsx;    /* xhat * xs */
-        gi = F(grad_term)(dyr[i], w[i], edy, ew);
-        if (edy | ew)
-            d = ldexp(ldexp(rs, -er) * ((gi - mg) - xh * (mgx / xs) / xs), edy + ew + er);
+        gi = F(grad_term)(dyr[i], w[i], eg);
+        if (eg)
+            d = ldexp(ldexp(rs, -er) * ((gi - mg) - xh * (mgx / xs) / xs), eg + er);
         else
             d = rs * ((gi - mg) - xh * (mgx / xs) / xs);
         if (dzr != NULL)
