@@ -106,14 +106,18 @@ static inline double F(grad_term)(double dy, double w, int eg)
 }
 
 /* The exponent (frexp's) of the largest |dy[i] * w[i]| of finite, nonzero
- * pairs, taken without forming the product; INT_MIN where there is none. */
-static inline int F(grad_exponent)(const REAL *dy, const REAL *w, ptrdiff_t D)
+ * pairs, taken without forming the product; INT_MIN where there is none.
+ * *finite: whether every pair is finite. */
+static inline int F(grad_exponent)(const REAL *dy, const REAL *w, ptrdiff_t D, int *finite)
 {
     int e = INT_MIN, a, b;
+    *finite = 1;
     for (ptrdiff_t i = 0; i < D; i++) {
         double fa = frexp(dy[i], &a), fb = frexp(w[i], &b), f = fabs(fa * fb);
-        if (f > 0.0 && f <= DBL_MAX && a + b + (f >= 0.5) > e)
-            e = a + b + (f >= 0.5);
+        if (!(f <= DBL_MAX))
+            *finite = 0;
+        else if (f > 0.0 && a + b - (f < 0.5) > e)
+            e = a + b - (f < 0.5);
     }
     return e;
 }
@@ -127,10 +131,10 @@ static inline int F(grad_exponent)(const REAL *dy, const REAL *w, ptrdiff_t D)
  * residual c is taken off it; deviations past 2**960 (values of opposite
  * sign near float64's maximum) down to below 1, x and the mean each
  * before their difference; and g = dy * w, where it or its products with
- * the deviations could underflow, or overflow the sums (or, deviations
- * scaled up, mean(g * xhat) * 2**1000), to below 1 (by 2**-eg, without
- * forming dy * w unscaled; only then, since a g far below the row's
- * largest is lost scaled down); dx is then taken as rstd scaled into
+ * the deviations could underflow, where it is near float64's maximum, or
+ * where the sums overflow or give a mean(g * xhat) * xs past 2**1000, to
+ * below 1 (by 2**-eg, without forming dy * w unscaled); dx is then taken
+ * as rstd scaled into
  * [1, 2) times the scaled terms, and scaled back once.  xhat is computed
  * unscaled where the deviations are scaled down, so that a small one does
  * not become subnormal, and its dweight term dy * xhat unscaled where it
@@ -149,7 +153,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     double s0 = 0.0, s1 = 0.0, s2 = 0.0;
     double m = a->centered ? mean[r] : 0.0;
     double rs = rstd[r], c, mg, mgx, xh, d, gi, big = 0.0, up = 1.0;
-    int eg = 0, er = 0;         /* g scaled by 2**-eg, rstd by 2**-er */
+    int eg = 0, er = 0, e = INT_MIN, finite = 0;    /* g scaled by 2**-eg, rstd by 2**-er */
     REAL *buf = sc->rows;
     double *grads = NULL;
     if (b->direct && !lnf_native(&a->x)) {
@@ -180,26 +184,38 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         else if (big > ldexp(1.0, 960))
             up = big > DBL_MAX ? ldexp(1.0, -1025) : ldexp(1.0, -ilogb(big) - 1);
         /* e, ed: the exponents of the largest g and scaled deviation */
-        int e = F(grad_exponent)(dyr, w, D), ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
-        if (e != INT_MIN && (e < -900 || e + ed < -900 || e + (ed > 0 ? ed : 0) > 900
-                             || (up > 1.0 && big > 0.0 && e > 0)))
+        e = F(grad_exponent)(dyr, w, D, &finite);
+        int ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
+        if (e != INT_MIN && (e < -900 || e + ed < -900 || e > 1000))
             eg = e;
-        if (eg && rs > 0.0 && rs <= DBL_MAX)
-            er = ilogb(rs);
     }
     /* xhat = (deviation - c) * rsx, unscaled where deviations are scaled
      * down; scaled by up where they are scaled up */
     double rsx = up < 1.0 ? rs / up : rs, xs = up < 1.0 ? 1.0 : up;
-    for (ptrdiff_t i = 0; i < D; i++) {
-        d = F(deviation)(xr[i], m, up);
-        gi = F(grad_term)(dyr[i], w[i], eg);
-        s0 += d;
-        s1 += gi;
-        s2 += gi * d;
+    for (int pass = 0;; pass++) {
+        s0 = s1 = s2 = 0.0;
+        for (ptrdiff_t i = 0; i < D; i++) {
+            d = F(deviation)(xr[i], m, up);
+            gi = F(grad_term)(dyr[i], w[i], eg);
+            s0 += d;
+            s1 += gi;
+            s2 += gi * d;
+        }
+        c = a->centered ? s0 / D : 0.0; /* (c: scaled by up; mgx by xs; mg, mgx by g's scale) */
+        mg = a->centered ? s1 / D : 0.0;
+        mgx = rsx * (s2 - c * s1) / D;
+        /* Sums that overflowed, or a mean(g * xhat) * xs past 2**1000 that
+         * could overflow the map (deviations scaled up, or an rstd that does
+         * not fit x), with finite dy and w: once more, g scaled.  (Scaled
+         * only where it must be, since a g far below the row's largest is
+         * then lost.) */
+        if (pass || eg || !finite || e == INT_MIN
+            || (fabs(mgx) < ldexp(1.0, 1000) && fabs(s1) <= DBL_MAX))
+            break;
+        eg = e;
     }
-    c = a->centered ? s0 / D : 0.0;     /* (c: scaled by up; mgx by xs; mg, mgx by g's scale) */
-    mg = a->centered ? s1 / D : 0.0;
-    mgx = rsx * (s2 - c * s1) / D;
+    if (eg && rs > 0.0 && rs <= DBL_MAX)
+        er = ilogb(rs);
     for (ptrdiff_t i = 0; i < D; i++) {
         xh = (F(deviation)(xr[i], m, up) - c) * rsx;    /* xhat * xs */
         gi = F(grad_term)(dyr[i], w[i], eg);
