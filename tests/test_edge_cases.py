@@ -542,24 +542,26 @@ def test_float64_backward_rows_of_tiny_terms(rng, centered):
     check_float64_backward_exactly(x, dy, 0.0, centered)
 
 
-@pytest.mark.parametrize("x, dy, w, centered", [
-    ([0.0, 0.0, 0.0], [1e200, 1e-200, 0.0], None, False),
-    ([0.0, 1.0, 1.0], [1e200, 1e-300, 0.0], None, False),
-    ([1.0, 1.0, 1.0], [1e200, -1e200, 1e-200], None, True),
-    ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1e150, 1e-200, 1.0], True),
-    ([1e-150, -1e-150, 0.0], [1e-200, 2e-200, 3e-300], None, True),
-    ([1e-275, -1e-275, 0.0], [1e10, 1e10, 1e-100], None, False),
-    ([1e100, -1e100, 5e99], [1e200, 1.0, 1e-200], [1e150, 1.0, 1.0], True)])
-def test_float64_backward_redo_keeps_each_term(x, dy, w, centered):
+@pytest.mark.parametrize("x, dy, w, centered, eps", [
+    ([0.0, 0.0, 0.0], [1e200, 1e-200, 0.0], None, False, 1e-5),
+    ([0.0, 1.0, 1.0], [1e200, 1e-300, 0.0], None, False, 1e-5),
+    ([1.0, 1.0, 1.0], [1e200, -1e200, 1e-200], None, True, 1e-5),
+    ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1e150, 1e-200, 1.0], True, 1e-5),
+    ([1e-150, -1e-150, 0.0], [1e-200, 2e-200, 3e-300], None, True, 0.0),
+    ([1e-275, -1e-275, 0.0], [1e10, 1e10, 1e-100], None, False, 0.0),
+    ([1e100, -1e100, 5e99], [1e200, 1.0, 1e-200], [1e150, 1.0, 1.0], True, 1e-5),
+    ([1e-300, 0.0], [1e-250, 1e100], None, False, 1e-5),
+    ([1e-300, 0.0, 0.0], [3e-308, 1e7, 0.0], None, False, 1e-5),
+    ([1e-126, -3e-126, 0.0], [11.2, 2.1e-144, 1.0], [1.9e-193, 1.3e-71, 1e-200], True, 0.0)])
+def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
     # Rows redone in float64 whose dy * weight spans hundreds of orders of
-    # magnitude: each dx against mpmath on its own, the small ones (where
-    # xhat is 0 or mean(g) cancels) included.
+    # magnitude: each dx against mpmath on its own, within rounding of its
+    # own terms, so that small ones (where xhat is 0, say) count.
     import mpmath
 
     mpmath.mp.prec = 256
     x, dy = np.array([x]), np.array([dy])
     w = None if w is None else np.array(w)
-    eps = 0.0 if 0 < abs(x).max() < 1e-100 else 1e-5     # (tiny rows: eps would swamp them)
     if centered:
         _, mean, rstd = lnfast.layer_norm_forward(x, w, eps=eps)
         dx = lnfast.layer_norm_backward(dy, x, mean, rstd, w)[0][0]
@@ -575,9 +577,11 @@ def test_float64_backward_redo_keeps_each_term(x, dy, w, centered):
          for a, b in zip(dy[0], [None] * D if w is None else w)]
     mg = sum(g) / D if centered else 0
     mgx = sum(a * b for a, b in zip(g, xh)) / D
+    amgx = sum(abs(a * b) for a, b in zip(g, xh)) / D
     for j in range(D):
         want = rs * (g[j] - mg - xh[j] * mgx)
-        assert abs(mpmath.mpf(float(dx[j])) - want) <= 1e-14 * abs(want) + mpmath.mpf(2) ** -1070, \
+        terms = rs * (abs(g[j]) + abs(mg) + abs(xh[j]) * amgx)
+        assert abs(mpmath.mpf(float(dx[j])) - want) <= 1e-14 * terms + mpmath.mpf(2) ** -1070, \
             (j, float(dx[j]), float(want))
 
 
