@@ -552,7 +552,9 @@ def test_float64_backward_rows_of_tiny_terms(rng, centered):
     ([1e100, -1e100, 5e99], [1e200, 1.0, 1e-200], [1e150, 1.0, 1.0], True, 1e-5),
     ([1e-300, 0.0], [1e-250, 1e100], None, False, 1e-5),
     ([1e-300, 0.0, 0.0], [3e-308, 1e7, 0.0], None, False, 1e-5),
-    ([1e-126, -3e-126, 0.0], [11.2, 2.1e-144, 1.0], [1.9e-193, 1.3e-71, 1e-200], True, 0.0)])
+    ([1e-126, -3e-126, 0.0], [11.2, 2.1e-144, 1.0], [1.9e-193, 1.3e-71, 1e-200], True, 0.0),
+    ([1e-300, 0.0], [1e-100, 1e-165], [1.0, 1e-165], False, 0.0),
+    ([0.0, 0.0], [1e-100, 1e-200], [1e-100, 1e-200], False, 1e-300)])
 def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
     # Rows redone in float64 whose dy * weight spans hundreds of orders of
     # magnitude: each dx against mpmath on its own, within rounding of its

@@ -130,15 +130,15 @@ static inline int F(grad_exponent)(const REAL *dy, const REAL *w, ptrdiff_t D, i
  * 2**1000 (up), so that none is rounded to a subnormal when the mean's
  * residual c is taken off it; deviations past 2**960 (values of opposite
  * sign near float64's maximum) down to below 1, x and the mean each
- * before their difference; and g = dy * w, where it or its products with
- * the deviations could underflow, where it is near float64's maximum, or
- * where the sums overflow or give a mean(g * xhat) * xs past 2**1000, to
- * below 1 (by 2**-eg, without forming dy * w unscaled); dx is then taken
- * as rstd scaled into
- * [1, 2) times the scaled terms, and scaled back once.  xhat is computed
- * unscaled where the deviations are scaled down, so that a small one does
- * not become subnormal, and its dweight term dy * xhat unscaled where it
- * could overflow scaled.  The
+ * before their difference; and g = dy * w, where it is below 1 (scaled
+ * up, nothing is lost) or its products with the deviations could
+ * underflow, where it is near float64's maximum, or where the sums
+ * overflow or give a mean(g * xhat) * xs past 2**1000, to below 1 (by
+ * 2**-eg, without forming dy * w unscaled); dx is then taken as rstd
+ * scaled into [1, 2) times the scaled terms, and scaled back once.  xhat
+ * is computed unscaled where the deviations are scaled down, so that a
+ * small one does not become subnormal, and its dweight term dy * xhat
+ * unscaled where it could overflow scaled.  The
  * dweight/dbias terms of float32 arithmetic are added in float64
  * (sc->grads, fold_grads), not rounded to float32: a subnormal float32
  * term keeps few digits.  Rows are gathered into the thread's rows (4)
@@ -186,7 +186,7 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         /* e, ed: the exponents of the largest g and scaled deviation */
         e = F(grad_exponent)(dyr, w, D, &finite);
         int ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
-        if (e != INT_MIN && (e < -900 || e + ed < -900 || e > 1000))
+        if (e != INT_MIN && (e < 0 || e + ed < -900 || e > 1000))
             eg = e;
     }
     /* xhat = (deviation - c) * rsx, unscaled where deviations are scaled
