@@ -105,18 +105,33 @@ static inline double F(grad_term)(double dy, double w, int eg)
     return ldexp(f, a + b - eg);
 }
 
-/* The exponent (frexp's) of the largest |dy[i] * w[i]| of finite, nonzero
- * pairs, taken without forming the product; INT_MIN where there is none.
- * *finite: whether every pair is finite. */
+/* The exponent (frexp's) of the largest |dy[i] * w[i]| of nonzero pairs,
+ * INT_MIN where there is none; *finite: whether dy and w are finite (else
+ * the row's dx is NaN, and INT_MIN).  The products themselves serve where
+ * the largest is a normal number; else (it underflowed or overflowed) the
+ * product of each pair's fractions (frexp) does. */
 static inline int F(grad_exponent)(const REAL *dy, const REAL *w, ptrdiff_t D, int *finite)
 {
+    double big = 0.0;
     int e = INT_MIN, a, b;
     *finite = 1;
     for (ptrdiff_t i = 0; i < D; i++) {
-        double fa = frexp(dy[i], &a), fb = frexp(w[i], &b), f = fabs(fa * fb);
-        if (!(f <= DBL_MAX))
-            *finite = 0;
-        else if (f > 0.0 && a + b - (f < 0.5) > e)
+        double p = fabs((double)dy[i] * w[i]);
+        if (!(p <= big)) {
+            if (!(fabs((double)dy[i]) <= DBL_MAX && fabs((double)w[i]) <= DBL_MAX)) {
+                *finite = 0;
+                return INT_MIN;
+            }
+            big = p;
+        }
+    }
+    if (big >= DBL_MIN && big <= DBL_MAX) {
+        frexp(big, &e);
+        return e;
+    }
+    for (ptrdiff_t i = 0; i < D; i++) {
+        double f = fabs(frexp(dy[i], &a) * frexp(w[i], &b));
+        if (f > 0.0 && a + b - (f < 0.5) > e)
             e = a + b - (f < 0.5);
     }
     return e;
@@ -231,7 +246,8 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             if (a->centered)
                 grads[D + i] += dyr[i];
         } else {
-            g[i] += fabs(xh) >= 1.0 ? dyr[i] * (xh / xs) : dyr[i] * xh / xs;
+            g[i] += xs == 1.0 ? dyr[i] * xh
+                    : fabs(xh) >= 1.0 ? dyr[i] * (xh / xs) : dyr[i] * xh / xs;
             if (a->centered)
                 g[D + i] += dyr[i];
         }
