@@ -461,13 +461,31 @@ def test_float64_rows_of_subnormal_spread_or_near_the_top():
             assert np.allclose(fn(x)[0], reference(x)[0], rtol=1e-12, atol=0)
 
 
+def exact_backward_row(x, dy, w, eps, centered):
+    """The SPEC's backward of one float64 row in mpmath (256 bits) on x, dy
+    and w (None: ones) as given: rstd, xhat, g = dy * w, mean(g) (0 for
+    RMSNorm) and mean(g * xhat)."""
+    import mpmath
+
+    mpmath.mp.prec = 256
+    D = len(x)
+    xs = [mpmath.mpf(float(v)) for v in x]
+    m = sum(xs) / D if centered else 0
+    rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(eps))
+    xh = [(v - m) * rs for v in xs]
+    g = [mpmath.mpf(float(a)) * (1 if w is None else mpmath.mpf(float(w[j])))
+         for j, a in enumerate(dy)]
+    mg = sum(g) / D if centered else 0
+    mgx = sum(a * b for a, b in zip(g, xh)) / D
+    return rs, xh, g, mg, mgx
+
+
 def check_float64_backward_exactly(x, dy, eps, centered):
     """dx and dweight of float64 rows against mpmath (the SPEC's formulas on
     x and dy as given), by every route: pipelined rows, tiles (Fortran
     order), strided rows and one thread."""
     import mpmath
 
-    mpmath.mp.prec = 256
     M, D = x.shape
     fwd, bwd = ((lnfast.layer_norm_forward, lnfast.layer_norm_backward) if centered else
                 (lnfast.rms_norm_forward, lnfast.rms_norm_backward))
@@ -475,13 +493,7 @@ def check_float64_backward_exactly(x, dy, eps, centered):
     dx_want = np.empty((M, D), object)
     dw_want, dw_units = [mpmath.mpf(0)] * D, [mpmath.mpf(0)] * D
     for r in range(M):
-        xs = [mpmath.mpf(float(v)) for v in x[r]]
-        m = sum(xs) / D if centered else 0
-        rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(eps))
-        xh = [(v - m) * rs for v in xs]
-        g = [mpmath.mpf(float(v)) for v in dy[r]]
-        mg = sum(g) / D if centered else 0
-        mgx = sum(a * b for a, b in zip(g, xh)) / D
+        rs, xh, g, mg, mgx = exact_backward_row(x[r], dy[r], None, eps, centered)
         for j in range(D):
             dx_want[r, j] = rs * (g[j] - mg - xh[j] * mgx)
             dw_want[j] += g[j] * xh[j]
@@ -561,7 +573,6 @@ def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
     # own terms, so that small ones (where xhat is 0, say) count.
     import mpmath
 
-    mpmath.mp.prec = 256
     x, dy = np.array([x]), np.array([dy])
     w = None if w is None else np.array(w)
     if centered:
@@ -570,17 +581,9 @@ def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
     else:
         _, rstd = lnfast.rms_norm_forward(x, w, eps=eps)
         dx = lnfast.rms_norm_backward(dy, x, rstd, w)[0][0]
-    xs = [mpmath.mpf(float(v)) for v in x[0]]
-    D = len(xs)
-    m = sum(xs) / D if centered else 0
-    rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(eps))
-    xh = [(v - m) * rs for v in xs]
-    g = [mpmath.mpf(float(a)) * (1 if w is None else mpmath.mpf(float(b)))
-         for a, b in zip(dy[0], [None] * D if w is None else w)]
-    mg = sum(g) / D if centered else 0
-    mgx = sum(a * b for a, b in zip(g, xh)) / D
-    amgx = sum(abs(a * b) for a, b in zip(g, xh)) / D
-    for j in range(D):
+    rs, xh, g, mg, mgx = exact_backward_row(x[0], dy[0], w, eps, centered)
+    amgx = sum(abs(a * b) for a, b in zip(g, xh)) / len(g)
+    for j in range(len(g)):
         want = rs * (g[j] - mg - xh[j] * mgx)
         terms = rs * (abs(g[j]) + abs(mg) + abs(xh[j]) * amgx)
         assert abs(mpmath.mpf(float(dx[j])) - want) <= 1e-14 * terms + mpmath.mpf(2) ** -1070, \

@@ -106,7 +106,7 @@ def check_arguments(parser, args):
     if args.shapes and group in ("axes", "dask"):
         parser.error(f"--shapes does not apply to --{group}, which times shapes of its own")
     for option in DEFAULT_GROUP_ONLY:
-        if getattr(args, option) not in (None, False, "best") and group is not None:
+        if getattr(args, option) not in (None, False) and group is not None:
             option = option.replace("_", "-")
             parser.error(f"--{option} belongs to the default group, not to --{group}")
     for option, groups in NOT_READ_BY.items():

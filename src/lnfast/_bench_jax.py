@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from lnfast._bench import _copy, _gbs, _in_rounds, _numpy_forward, _rounds
+from lnfast._bench import _copy, _gbs, _in_rounds, _numpy_forward, _rounds, _shape
 
 SHAPES = ["8192x1024", "256x1024", "32x768"]
 QUICK = ["256x1024", "32x768"]
@@ -36,7 +36,7 @@ def run(args, threads):
     rows = []
     rng = np.random.default_rng(0)
     for shape in args.shapes or (QUICK if args.quick else SHAPES):
-        M, D = (int(v) for v in shape.lower().split("x"))
+        M, D = _shape(shape)
         for dname in args.dtypes:
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)
             dt = getattr(jnp, dname)

@@ -15,7 +15,7 @@ forward, backward and an SGD step.
 """
 import sys
 
-from lnfast._bench import _copy, _gbs, _in_rounds, _median_seconds, _rounds
+from lnfast._bench import _copy, _gbs, _in_rounds, _median_seconds, _rounds, _shape
 
 SHAPES = ["8192x1024", "256x1024", "32x768", "1x768"]
 QUICK = ["256x1024", "1x768"]
@@ -51,7 +51,7 @@ def run(args, torch, threads):
     dtypes = args.dtypes
     rows = []
     for shape in shapes:
-        M, D = (int(v) for v in shape.lower().split("x"))
+        M, D = _shape(shape)
         for dname in dtypes:
             dt = getattr(torch, dname)
             print(f"\r{shape} {dname} ...", end="", file=sys.stderr, flush=True)

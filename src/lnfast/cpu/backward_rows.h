@@ -234,10 +234,8 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     for (ptrdiff_t i = 0; i < D; i++) {
         xh = (F(deviation)(xr[i], m, up) - c) * rsx;    /* xhat * xs */
         gi = F(grad_term)(dyr[i], w[i], eg);
-        if (eg)
-            d = ldexp(ldexp(rs, -er) * ((gi - mg) - xh * (mgx / xs) / xs), eg + er);
-        else
-            d = rs * ((gi - mg) - xh * (mgx / xs) / xs);
+        d = (gi - mg) - xh * (mgx / xs) / xs;
+        d = eg ? ldexp(ldexp(rs, -er) * d, eg + er) : rs * d;
         if (dzr != NULL)
             d += dzr[i];
         dxr[i] = (REAL)d;
