@@ -14,6 +14,12 @@
 #define LNF_BLOCK 4
 /* Blocks of float32 terms summed in float32 before each widening. */
 #define LNF_SUPER_F32 4
+/* float64 rows: blocks summed from zero into a group, and groups summed
+ * from zero into a mid level, before the lane's running sum takes them:
+ * a long row is then no lane's long running sum, whose roundings can all
+ * lean one way (docs/api.md, "Numerics"). */
+#define LNF_SUPER_F64 16
+#define LNF_MID_F64 16
 /* How far ahead of its reads a sweep prefetches, running on into the next
  * row (the hardware prefetchers stop at each 4 KiB page). */
 #ifndef LNF_PREFETCH_BYTES
@@ -44,9 +50,11 @@
 /* Rows per tile: the lanes of the tile operations.  Fixes the bits (the
  * backward adds a column's dweight/dbias terms across a tile's lanes). */
 #define LNF_TILE 16
-/* Blocks of float64 terms a tile lane sums from zero before adding them
- * into its running sum (tileops.h). */
+/* Blocks of float64 terms a tile lane sums from zero into a group, and
+ * groups it sums from zero into a mid level, before its running sum takes
+ * them (tileops.h). */
 #define LNF_TILE_SUPER_F64 8
+#define LNF_TILE_MID_F64 16
 /* Rows far apart are taken by tiles when they have at most this many
  * elements (a tile is read twice, the second time from cache), else
  * gathered one by one; fixes which of the two computes a row. */

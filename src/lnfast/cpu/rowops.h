@@ -30,14 +30,18 @@
  * the block sum is widened and added to the lane.  One conversion per block
  * instead of one per element keeps float32 rows near memory speed; a block
  * sum of four float32 terms costs about one float32 rounding of a term, far
- * below the output's own rounding.  float32 arithmetic adds LNF_SUPER
- * blocks' sums in float32 (from 0, in block order) before each widening,
- * the last group possibly shorter: a quarter of the conversions (the
- * float32 rows' rstd stays within 1.6 ulp).  After the full blocks, single
- * vectors are blocks of one; the n % LANES tail is summed on its own and
- * added last, after the lanes are folded pairwise.  The GCC/clang vector
- * code of every width and the plain C fallback follow exactly this order,
- * so every build and every instruction set gives the same bits.
+ * below the output's own rounding.  Each lane adds LNF_SUPER blocks' sums
+ * in LNF_T (from 0, in block order) into a group before widening it, the
+ * last group possibly shorter: for float32, a quarter of the conversions
+ * (the float32 rows' rstd stays within 1.6 ulp).  float64 adds LNF_MID
+ * groups (from 0, in order) into a mid level before the lane takes them,
+ * the last possibly shorter: three short sums in a row instead of one
+ * long running sum, whose roundings can all lean one way.  After the full
+ * blocks, single vectors are blocks of one; the n % LANES tail is summed
+ * on its own and added last, after the lanes are folded pairwise.  The
+ * GCC/clang vector code of every width and the plain C fallback follow
+ * exactly this order, so every build and every instruction set gives the
+ * same bits.
  */
 #if !defined(LNF_NAME) || !defined(LNF_T) || !defined(LNF_S) || !defined(LNF_DOUBLE) \
     || !defined(LNF_STORAGE16) || !defined(LNF_ATTR) || !defined(LNF_VB)
@@ -60,8 +64,10 @@ LNF_STORAGE16, LNF_ATTR and LNF_VB first"
 #define LNF_STEP (LNF_LANES * LNF_BLOCK)
 #if !LNF_DOUBLE
 #define LNF_SUPER LNF_SUPER_F32
+#define LNF_MID 1
 #else
-#define LNF_SUPER 1
+#define LNF_SUPER LNF_SUPER_F64
+#define LNF_MID LNF_MID_F64
 #endif
 
 /* Row data (x, y, z, dy, dz, dx) is stored as LNF_S: LNF_GET/LNF_PUT read
@@ -318,12 +324,22 @@ LNF_ATTR LNF_INLINE void grad_terms1(const LNF_S *xn, const LNF_S *dyn, const LN
 #if LNF_VECTOR
 /* --- Vectors: LNF_VE elements, LNF_LANES (LNF_NV vectors), LNF_STEP. --- */
 
-/* One sum's float64 lanes (LNF_ND vectors) and, in float32 arithmetic, the
- * block sums of the steps not yet widened (LNF_SUPER). */
+/* One sum's float64 lanes (LNF_ND vectors) and, for float32 arithmetic,
+ * the block sums of its open group (LNF_SUPER): the running sums of the
+ * step loops. */
 typedef struct {
     LNF_VD acc[LNF_ND];
     LNF_VT open[LNF_NV];
 } lnf_lanes;
+
+/* float64's upper levels of one sum (LNF_MID > 1): the closed groups of
+ * the open mid level, and the closed mid levels.  They stay in memory
+ * (levels_close), so that the step loops keep as many vectors in
+ * registers as with one level (the backward's three sums spilled
+ * otherwise). */
+typedef struct {
+    LNF_VD mid[LNF_ND], top[LNF_ND];
+} lnf_levels;
 
 LNF_ATTR LNF_INLINE void lanes_init(lnf_lanes *l)
 {
@@ -332,45 +348,96 @@ LNF_ATTR LNF_INLINE void lanes_init(lnf_lanes *l)
         l->open[v] = (LNF_VT){0};
 }
 
-/* A step's block sums p into the lanes: into the open group, which is
- * widened into the lanes when `close` (LNF_SUPER > 1), or widened now. */
-LNF_ATTR LNF_INLINE void lanes_add_step(lnf_lanes *l, const LNF_VT *p, int close)
+#if LNF_MID > 1
+/* A closed group g (float64 lanes) added into the mid level, and the mid
+ * level into the top when `close` is 2; the row's first group (`first`)
+ * starts both from zero.  (The empty asm says it reads and writes v in
+ * memory, so the compiler keeps v there, out of the loops' registers.) */
+LNF_ATTR LNF_INLINE void levels_close(lnf_levels *v, const LNF_VD *g, int close, int first)
 {
-#if LNF_SUPER > 1
-    for (int v = 0; v < LNF_NV; v++)
-        l->open[v] += p[v];
+    __asm__("" : "+m"(*v));
+    for (int u = 0; u < LNF_ND; u++) {
+        if (first)
+            v->mid[u] = v->top[u] = (LNF_VD){0};
+        v->mid[u] += g[u];
+        if (close == 2)
+            v->top[u] += v->mid[u], v->mid[u] = (LNF_VD){0};
+    }
+    __asm__("" : "+m"(*v));
+}
+#endif
+
+/* A step's block sums p into the lanes: into the open group, which is
+ * widened into the lanes when `close` (LNF_SUPER > 1), or widened now.
+ * float64's lanes hold its open group themselves, closed into the upper
+ * levels v. */
+LNF_ATTR LNF_INLINE void lanes_add_step(lnf_lanes *l, lnf_levels *v, const LNF_VT *p, int close,
+                                        int ns)
+{
+    (void)v, (void)ns;
+#if LNF_MID > 1
+    LNF_ACC(l->acc, p);
+    if (__builtin_expect(close, 0)) {
+        levels_close(v, l->acc, close, ns == LNF_SUPER);
+        LNF_ZERO(l->acc);
+    }
+#elif LNF_SUPER > 1
+    for (int u = 0; u < LNF_NV; u++)
+        l->open[u] += p[u];
     if (close) {
         LNF_ACC(l->acc, l->open);
-        for (int v = 0; v < LNF_NV; v++)
-            l->open[v] = (LNF_VT){0};
+        for (int u = 0; u < LNF_NV; u++)
+            l->open[u] = (LNF_VT){0};
     }
 #else
-    (void)close;
     LNF_ACC(l->acc, p);
 #endif
 }
 
-/* The open group widened into the lanes after the last step (`open`: it
- * holds blocks). */
-LNF_ATTR LNF_INLINE void lanes_close(lnf_lanes *l, int open)
+/* The open group closed into the lanes after the last step (ns: the full
+ * steps).  float64: a row of fewer than LNF_SUPER steps closed no group,
+ * and its open group in the lanes is their sum as it stands (0 + (0 +
+ * open) exactly); else the last group and mid level close, and the top
+ * is the lanes' sum. */
+LNF_ATTR LNF_INLINE void lanes_close(lnf_lanes *l, lnf_levels *v, int ns)
 {
-#if LNF_SUPER > 1
-    if (open)
+    (void)v;
+#if LNF_MID > 1
+    if (ns >= LNF_SUPER) {
+        if (ns % (LNF_SUPER * LNF_MID))     /* (the lanes: 0 where the last step closed) */
+            levels_close(v, l->acc, 2, 0);
+        memcpy(l->acc, v->top, sizeof l->acc);
+    }
+#elif LNF_SUPER > 1
+    if (ns % LNF_SUPER)
         LNF_ACC(l->acc, l->open);
-#else
-    (void)l, (void)open;
 #endif
 }
+#endif
 
-/* Whether this step closes a group of LNF_SUPER steps' block sums. */
-LNF_INLINE int step_closes(int *nb)
+/* What closes after step ns (counted from 1): 0 nothing, 1 the open group
+ * (LNF_SUPER steps' block sums), 2 the group and the mid level (LNF_MID
+ * groups). */
+LNF_INLINE int step_closes(int ns)
 {
-    if (++*nb < LNF_SUPER)
-        return 0;
-    *nb = 0;
-    return 1;
+    return ns % LNF_SUPER ? 0 : ns % (LNF_SUPER * LNF_MID) ? 1 : 2;
 }
 
+/* The plain C loops' lanes (lnf_lanes as arrays): the open group widened
+ * into mid (LNF_MID > 1) or acc when `close` (step_closes; 2 at a row's
+ * last full step), and mid added into acc when it is 2. */
+LNF_INLINE void lanes1_close(double *acc, double *mid, LNF_T *open, int close)
+{
+    if (!close)
+        return;
+    for (int k = 0; k < LNF_LANES; k++)
+        (LNF_MID > 1 ? mid : acc)[k] += open[k], open[k] = 0;
+    if (LNF_MID > 1 && close == 2)
+        for (int k = 0; k < LNF_LANES; k++)
+            acc[k] += mid[k], mid[k] = 0;
+}
+
+#if LNF_VECTOR
 /* The forward map of the vector of x at j (kv: hi, lo, rs splatted). */
 LNF_ATTR LNF_INLINE LNF_VT map_vec(const LNF_S *x, const LNF_T *w, const LNF_T *b,
                                    const LNF_VT *kv, ptrdiff_t j)
@@ -486,6 +553,7 @@ LNF_ATTR LNF_INLINE void grad_blocks(const LNF_S *xn, const LNF_S *dyn, const LN
  *
  * With `stream` set, y is written with streaming stores (LNF_OUT) where it
  * starts on 16 bytes.
+ * `levels` (a constant): whether float64's upper levels close (LEVELS).
  * The caller sums a row again about its mean where the shift lay far from
  * it, and redoes in float64 the rare rows whose squares could overflow or
  * underflow LNF_T. */
@@ -493,7 +561,7 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
                               const LNF_T *__restrict b, LNF_T hi, LNF_T lo, LNF_T rs,
                               const LNF_S *xn, const LNF_S *rn, LNF_S *zn, int centered,
                               double *s, ptrdiff_t n, const LNF_S *xf, const LNF_S *rf,
-                              int stream)
+                              int stream, const int levels)
 {
     double t1 = 0.0, t2 = 0.0;
     ptrdiff_t i = 0;
@@ -505,8 +573,9 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
         shift = centered == 2 ? hi : row_shift(xn, rn, n);
 #if LNF_VECTOR
     lnf_lanes l1, l2;
+    lnf_levels v1, v2;
     const LNF_VT sh = LNF_SPLAT(shift), kv[3] = {LNF_SPLAT(hi), LNF_SPLAT(lo), LNF_SPLAT(rs)};
-    int nb = 0;
+    int ns = 0;     /* full steps */
     lanes_init(&l1);
     lanes_init(&l2);
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
@@ -525,13 +594,15 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
             }
             LNF_VT p[LNF_NV], q[LNF_NV];
             next_blocks(xn, rn, zn, sh, i, LNF_BLOCK, p, q);
-            int close = step_closes(&nb);
-            lanes_add_step(&l1, p, close);
-            lanes_add_step(&l2, q, close);
+            int close = levels ? step_closes(++ns) : 0;
+            lanes_add_step(&l1, &v1, p, close, ns);
+            lanes_add_step(&l2, &v2, q, close, ns);
         }
     }
-    lanes_close(&l1, nb);
-    lanes_close(&l2, nb);
+    if (levels) {
+        lanes_close(&l1, &v1, ns);
+        lanes_close(&l2, &v2, ns);
+    }
     for (; i + LNF_LANES <= n; i += LNF_LANES) {
         if (x != NULL)
             map_lanes(x, y, w, b, kv, i, nt);
@@ -543,15 +614,16 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
         }
     }
 #else
-    (void)xf, (void)rf;     /* (no prefetches) */
+    (void)xf, (void)rf, (void)levels;   /* (no prefetches; every row closes its levels) */
     double s1[LNF_LANES] = {0}, s2[LNF_LANES] = {0};   /* the lanes */
     ptrdiff_t body = n - n % LNF_LANES;
     if (x != NULL)
         for (ptrdiff_t j = 0; j < body; j++)
             map1(x, y, w, b, hi, lo, rs, j);
     if (xn != NULL) {
-        LNF_T P[LNF_LANES] = {0}, Q[LNF_LANES] = {0};  /* LNF_SUPER blocks' sums */
-        int nb = 0;
+        LNF_T P[LNF_LANES] = {0}, Q[LNF_LANES] = {0};  /* the open groups */
+        double M1[LNF_LANES] = {0}, M2[LNF_LANES] = {0};    /* the mid levels */
+        int ns = 0;
         for (; i + LNF_STEP <= n; i += LNF_STEP) {
             for (int k = 0; k < LNF_LANES; k++) {
                 LNF_T d = next1(xn, rn, zn, i + k) - shift, p = d, q = d * d;
@@ -561,11 +633,9 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
                 }
                 P[k] += p, Q[k] += q;
             }
-            if (++nb == LNF_SUPER || i + 2 * LNF_STEP > n) {
-                for (int k = 0; k < LNF_LANES; k++)
-                    s1[k] += P[k], s2[k] += Q[k], P[k] = Q[k] = 0;
-                nb = 0;
-            }
+            int close = i + 2 * LNF_STEP > n ? 2 : step_closes(++ns);
+            lanes1_close(s1, M1, P, close);
+            lanes1_close(s2, M2, Q, close);
         }
         for (; i + LNF_LANES <= n; i += LNF_LANES)
             for (int k = 0; k < LNF_LANES; k++) {
@@ -614,7 +684,8 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
                                    LNF_S *dx, const LNF_T *k, LNF_T *__restrict dw,
                                    LNF_T *__restrict db, const LNF_S *xn, const LNF_S *dyn,
                                    LNF_T mean_n, double *out, const LNF_T *__restrict w,
-                                   ptrdiff_t n, const LNF_S *xf, const LNF_S *dyf, int stream)
+                                   ptrdiff_t n, const LNF_S *xf, const LNF_S *dyf, int stream,
+                                   const int levels)
 {
     double tails[3] = {0.0, 0.0, 0.0};
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && (stream & LNF_STREAMED) && x != NULL
@@ -627,10 +698,11 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
     ptrdiff_t i = 0;
 #if LNF_VECTOR
     lnf_lanes l[3];
+    lnf_levels lv[3];
     const LNF_VT m = LNF_SPLAT(mean_n);
     const LNF_VT kv[5] = {LNF_SPLAT(kk[0]), LNF_SPLAT(kk[1]), LNF_SPLAT(kk[2]), LNF_SPLAT(kk[3]),
                           LNF_SPLAT(kk[4])};
-    int nb = 0;
+    int ns = 0;     /* full steps */
     for (int u = 0; u < 3; u++)
         lanes_init(&l[u]);
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
@@ -650,13 +722,14 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
             LNF_AHEAD(dyn, dyf, i, n);
             LNF_VT p[3][LNF_NV];
             grad_blocks(xn, dyn, w, m, i, LNF_BLOCK, p);
-            int close = step_closes(&nb);
+            int close = levels ? step_closes(++ns) : 0;
             for (int u = 0; u < 3; u++)
-                lanes_add_step(&l[u], p[u], close);
+                lanes_add_step(&l[u], &lv[u], p[u], close, ns);
         }
     }
-    for (int u = 0; u < 3; u++)
-        lanes_close(&l[u], nb);
+    if (levels)
+        for (int u = 0; u < 3; u++)
+            lanes_close(&l[u], &lv[u], ns);
     for (; i + LNF_LANES <= n; i += LNF_LANES) {
         if (x != NULL)
             grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, i, nt);
@@ -668,15 +741,16 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
         }
     }
 #else
-    (void)xf, (void)dyf;    /* (no prefetches) */
+    (void)xf, (void)dyf, (void)levels;  /* (as in pipe) */
     double sl[3][LNF_LANES] = {{0}};    /* the lanes */
     ptrdiff_t body = n - n % LNF_LANES;
     if (x != NULL)
         for (ptrdiff_t j = 0; j < body; j++)
             grad_map1(x, dy, dz, dx, kk, dw, db, w, j);
     if (xn != NULL) {
-        LNF_T P[3][LNF_LANES] = {{0}};      /* LNF_SUPER blocks' sums */
-        int nb = 0;
+        LNF_T P[3][LNF_LANES] = {{0}};      /* the open groups */
+        double M[3][LNF_LANES] = {{0}};     /* the mid levels */
+        int ns = 0;
         for (; i + LNF_STEP <= n; i += LNF_STEP) {
             for (int c = 0; c < LNF_LANES; c++) {
                 LNF_T p[3], t[3];
@@ -689,12 +763,9 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
                 for (int u = 0; u < 3; u++)
                     P[u][c] += p[u];
             }
-            if (++nb == LNF_SUPER || i + 2 * LNF_STEP > n) {
-                for (int u = 0; u < 3; u++)
-                    for (int c = 0; c < LNF_LANES; c++)
-                        sl[u][c] += P[u][c], P[u][c] = 0;
-                nb = 0;
-            }
+            int close = i + 2 * LNF_STEP > n ? 2 : step_closes(++ns);
+            for (int u = 0; u < 3; u++)
+                lanes1_close(sl[u], M[u], P[u], close);
         }
         for (; i + LNF_LANES <= n; i += LNF_LANES)
             for (int c = 0; c < LNF_LANES; c++) {
@@ -730,19 +801,29 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
  * b, k, dw, db), scalars as double (exact: they are values of LNF_T). */
 #define S_(p) ((const LNF_S *)(p))
 #define T_(p) ((const LNF_T *)(p))
+/* Whether the sums of a row of n take float64's upper levels (`levels`
+ * of pipe and grad_pipe; float32 arithmetic always closes its groups).  A
+ * row of fewer than LNF_SUPER + 2 full steps gets the same bits without
+ * them, and its loops then have no call to levels_close, around which
+ * they would keep their vectors in memory. */
+#define LEVELS(n) (LNF_MID == 1 || (n) >= (LNF_SUPER + 2) * LNF_STEP)
 LNF_ATTR static void row_sums(const void *x, const void *r, void *z, int centered,
                               double shift, double *s, ptrdiff_t n, const void *xf,
                               const void *rf)
 {
-    pipe(NULL, NULL, NULL, NULL, (LNF_T)shift, 0, 0, S_(x), S_(r), (LNF_S *)z, centered, s, n,
-         S_(xf), S_(rf), 0);
+    if (LEVELS(n))
+        pipe(NULL, NULL, NULL, NULL, (LNF_T)shift, 0, 0, S_(x), S_(r), (LNF_S *)z, centered, s,
+             n, S_(xf), S_(rf), 0, 1);
+    else
+        pipe(NULL, NULL, NULL, NULL, (LNF_T)shift, 0, 0, S_(x), S_(r), (LNF_S *)z, centered, s,
+             n, S_(xf), S_(rf), 0, 0);
 }
 
 LNF_ATTR static void row_map(const void *x, void *y, const void *w, const void *b,
                              const void *k, ptrdiff_t n, int stream)
 {
     pipe(S_(x), (LNF_S *)y, T_(w), T_(b), T_(k)[0], T_(k)[1], T_(k)[2], NULL, NULL, NULL, 0,
-         NULL, n, NULL, NULL, stream);
+         NULL, n, NULL, NULL, stream, 0);
 }
 
 LNF_ATTR static void row_map_sums(const void *x, void *y, const void *w, const void *b,
@@ -750,15 +831,23 @@ LNF_ATTR static void row_map_sums(const void *x, void *y, const void *w, const v
                                   int centered, double *s, ptrdiff_t n, const void *xf,
                                   const void *rf, int stream)
 {
-    pipe(S_(x), (LNF_S *)y, T_(w), T_(b), T_(k)[0], T_(k)[1], T_(k)[2], S_(xn), S_(rn),
-         (LNF_S *)zn, centered, s, n, S_(xf), S_(rf), stream);
+    if (LEVELS(n))
+        pipe(S_(x), (LNF_S *)y, T_(w), T_(b), T_(k)[0], T_(k)[1], T_(k)[2], S_(xn), S_(rn),
+             (LNF_S *)zn, centered, s, n, S_(xf), S_(rf), stream, 1);
+    else
+        pipe(S_(x), (LNF_S *)y, T_(w), T_(b), T_(k)[0], T_(k)[1], T_(k)[2], S_(xn), S_(rn),
+             (LNF_S *)zn, centered, s, n, S_(xf), S_(rf), stream, 0);
 }
 
 LNF_ATTR static void grad_sums(const void *x, const void *dy, const void *w, double mean,
                                double *s, ptrdiff_t n, const void *xf, const void *dyf)
 {
-    grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, S_(x), S_(dy), (LNF_T)mean, s, T_(w),
-              n, S_(xf), S_(dyf), 0);
+    if (LEVELS(n))
+        grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, S_(x), S_(dy), (LNF_T)mean, s,
+                  T_(w), n, S_(xf), S_(dyf), 0, 1);
+    else
+        grad_pipe(NULL, NULL, NULL, NULL, NULL, NULL, NULL, S_(x), S_(dy), (LNF_T)mean, s,
+                  T_(w), n, S_(xf), S_(dyf), 0, 0);
 }
 
 LNF_ATTR static void grad_map(const void *x, const void *dy, const void *dz, void *dx,
@@ -766,7 +855,7 @@ LNF_ATTR static void grad_map(const void *x, const void *dy, const void *dz, voi
                               int stream)
 {
     grad_pipe(S_(x), S_(dy), S_(dz), (LNF_S *)dx, T_(k), (LNF_T *)dw, (LNF_T *)db, NULL, NULL,
-              0, NULL, T_(w), n, NULL, NULL, stream);
+              0, NULL, T_(w), n, NULL, NULL, stream, 0);
 }
 
 LNF_ATTR static void grad_map_sums(const void *x, const void *dy, const void *dz, void *dx,
@@ -774,11 +863,16 @@ LNF_ATTR static void grad_map_sums(const void *x, const void *dy, const void *dz
                                    const void *xn, const void *dyn, double mean_n, double *s,
                                    ptrdiff_t n, const void *xf, const void *dyf, int stream)
 {
-    grad_pipe(S_(x), S_(dy), S_(dz), (LNF_S *)dx, T_(k), (LNF_T *)dw, (LNF_T *)db, S_(xn),
-              S_(dyn), (LNF_T)mean_n, s, T_(w), n, S_(xf), S_(dyf), stream);
+    if (LEVELS(n))
+        grad_pipe(S_(x), S_(dy), S_(dz), (LNF_S *)dx, T_(k), (LNF_T *)dw, (LNF_T *)db, S_(xn),
+                  S_(dyn), (LNF_T)mean_n, s, T_(w), n, S_(xf), S_(dyf), stream, 1);
+    else
+        grad_pipe(S_(x), S_(dy), S_(dz), (LNF_S *)dx, T_(k), (LNF_T *)dw, (LNF_T *)db, S_(xn),
+                  S_(dyn), (LNF_T)mean_n, s, T_(w), n, S_(xf), S_(dyf), stream, 0);
 }
 #undef S_
 #undef T_
+#undef LEVELS
 
 #include "tileops.h"
 

@@ -16,9 +16,10 @@
  * terms, in order: LNF_BLOCK terms summed in LNF_T, groups of LNF_SUPER
  * block sums (float64: LNF_TILE_SUPER_F64) added in LNF_T from 0 (the last
  * group possibly shorter), each group widened into the lane's float64 sum
- * (TILE_BLOCKS).  The backward map adds each
- * lane's dweight/dbias terms of a column into that lane's run in LNF_T (a
- * run of LNF_RUN_ROWS tiles, as the rows' float32 runs of LNF_RUN_ROWS
+ * (TILE_BLOCKS); float64 first adds LNF_TILE_MID_F64 groups from 0 into a
+ * mid level (TILE_MID), the last possibly shorter.  The backward map adds
+ * each lane's dweight/dbias terms of a column into that lane's run in LNF_T
+ * (a run of LNF_RUN_ROWS tiles, as the rows' float32 runs of LNF_RUN_ROWS
  * rows; the driver adds the runs into the float64 partial rows).
  *   tile_sums       the forward sums (LayerNorm: about the first column, or
  *                   about the shifts given); z = x + residual when given
@@ -34,13 +35,15 @@
 /* Column i of a tile at p. */
 #define TCOL(p, i) ((LNF_S *)(void *)((char *)(p) + (i) * inner))
 /* Columns per group, summed from zero and then added into the lane's
- * float64 sum: for float32 arithmetic, widened then; for float64, a second
- * level, so that a long row is not one running sum per lane (the row
- * kernels' lanes split it). */
+ * float64 sum: for float32 arithmetic, widened then; for float64, second
+ * and third levels (groups per mid level: TILE_MID), so that a long row is
+ * not one running sum per lane (the row kernels' lanes split it). */
 #if LNF_DOUBLE
 #define TILE_BLOCKS (LNF_BLOCK * LNF_TILE_SUPER_F64)
+#define TILE_MID LNF_TILE_MID_F64
 #else
 #define TILE_BLOCKS (LNF_BLOCK * LNF_SUPER)
+#define TILE_MID 1
 #endif
 /* fetch(line) for each line of column p LNF_TILE_AHEAD tiles ahead.  The
  * inputs' lines go into the L2 (TILE_PREFETCH): the L1 would evict them
@@ -117,6 +120,23 @@ LNF_ATTR LNF_INLINE tile_d tv_widen(tile_v t)
     return d;
 }
 #define TV_WIDEN(v) tv_widen(v)
+
+/* The float64 sums g of the group of columns from g0 into the lanes' sums
+ * a: through the mid level m where TILE_MID > 1 (closed into a at every
+ * TILE_MID-th group and at the last, which ends at D). */
+LNF_ATTR LNF_INLINE void tile_add_group(tile_d *a, tile_d *m, tile_d g, ptrdiff_t g0, ptrdiff_t D)
+{
+#if TILE_MID > 1
+    *m = TD_ADD(*m, g);
+    if ((g0 / TILE_BLOCKS) % TILE_MID == TILE_MID - 1 || g0 + TILE_BLOCKS >= D) {
+        *a = TD_ADD(*a, *m);
+        *m = TV_WIDEN(TV_SPLAT(0));
+    }
+#else
+    (void)m, (void)g0, (void)D;
+    *a = TD_ADD(*a, g);
+#endif
+}
 
 /* LNF_TILE values of LNF_T from memory, and to it. */
 LNF_ATTR LNF_INLINE tile_v tv_lanes(const void *p)
@@ -329,7 +349,7 @@ LNF_ATTR LNF_INLINE void tile_sums_n(const void *x, const void *r, void *z, ptrd
     char *zk[2];
     LNF_T *keep[2];
     tile_v sh[2];
-    tile_d a1[2], a2[2];
+    tile_d a1[2], a2[2], m1[2], m2[2];
     for (int k = 0; k < NT; k++) {
         xk[k] = (const char *)x + k * tb;
         rk[k] = r != NULL ? (const char *)r + k * tb : NULL;
@@ -339,7 +359,7 @@ LNF_ATTR LNF_INLINE void tile_sums_n(const void *x, const void *r, void *z, ptrd
         if (shift == NULL && centered)
             tile_shift(xk[k], rk[k], inner, D, lanes);
         sh[k] = tv_lanes(shift != NULL ? (const LNF_T *)shift + k * T : lanes);
-        a1[k] = a2[k] = TV_WIDEN(TV_SPLAT(0));
+        a1[k] = a2[k] = m1[k] = m2[k] = TV_WIDEN(TV_SPLAT(0));
     }
     for (ptrdiff_t g0 = 0; g0 < D; g0 += TILE_BLOCKS) {
         ptrdiff_t g1 = g0 + TILE_BLOCKS < D ? g0 + TILE_BLOCKS : D;
@@ -365,8 +385,8 @@ LNF_ATTR LNF_INLINE void tile_sums_n(const void *x, const void *r, void *z, ptrd
             }
         }
         for (int k = 0; k < NT; k++) {
-            a1[k] = TD_ADD(a1[k], TV_WIDEN(s1[k]));
-            a2[k] = TD_ADD(a2[k], TV_WIDEN(s2[k]));
+            tile_add_group(&a1[k], &m1[k], TV_WIDEN(s1[k]), g0, D);
+            tile_add_group(&a2[k], &m2[k], TV_WIDEN(s2[k]), g0, D);
         }
     }
     for (int k = 0; k < NT; k++) {
@@ -455,8 +475,8 @@ LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inn
 {
     const LNF_T *wt = w;
     tile_v m = tv_lanes(mean);
-    tile_d a[3];
-    a[0] = a[1] = a[2] = TV_WIDEN(TV_SPLAT(0));
+    tile_d a[3], mid[3];
+    a[0] = a[1] = a[2] = mid[0] = mid[1] = mid[2] = TV_WIDEN(TV_SPLAT(0));
     for (ptrdiff_t g0 = 0; g0 < D; g0 += TILE_BLOCKS) {
         ptrdiff_t g1 = g0 + TILE_BLOCKS < D ? g0 + TILE_BLOCKS : D;
         tile_v s0 = TV_SPLAT(0), s1 = s0, s2 = s0;
@@ -474,9 +494,9 @@ LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inn
             s1 = TV_ADD(s1, t1);
             s2 = TV_ADD(s2, t2);
         }
-        a[0] = TD_ADD(a[0], TV_WIDEN(s0));
-        a[1] = TD_ADD(a[1], TV_WIDEN(s1));
-        a[2] = TD_ADD(a[2], TV_WIDEN(s2));
+        tile_add_group(&a[0], &mid[0], TV_WIDEN(s0), g0, D);
+        tile_add_group(&a[1], &mid[1], TV_WIDEN(s1), g0, D);
+        tile_add_group(&a[2], &mid[2], TV_WIDEN(s2), g0, D);
     }
     memcpy(s, a, sizeof a);
 }
@@ -536,6 +556,7 @@ LNF_ATTR static void tile_fold(void *runs, double *dw, ptrdiff_t width)
 }
 #undef TCOL
 #undef TILE_BLOCKS
+#undef TILE_MID
 #undef TILE_PREFETCH
 #undef TILE_AHEAD
 #undef TILE_NTSTORE
