@@ -235,3 +235,14 @@ def test_stats_of_a_1d_x_as_np_mean_returns_them(dtype):
     assert np.all(np.isfinite(dx))
     raises(TypeError, "mean", lnfast.layer_norm_backward, dy, x, float(m), rstd)
     raises(TypeError, "rstd", lnfast.rms_norm_backward, dy, x, float(r))
+
+
+def test_numpy_matrix_is_refused():
+    # a matrix stays 2-D when reshaped: refused by name, as masked arrays are
+    a = np.arange(6.0).reshape(2, 3)
+    with pytest.raises(TypeError, match="x must not be a numpy.matrix"):
+        lnfast.layer_norm(np.asmatrix(a), axis=(0, 1))
+    out = np.asmatrix(np.zeros((2, 3)))
+    with pytest.raises(TypeError, match="out must not be a numpy.matrix"):
+        lnfast.rms_norm(a, axis=(0, 1), out=out)
+    assert not out.any()

@@ -526,3 +526,19 @@ def test_import_lnfast_does_not_import_dask():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert p.stdout.strip() == "False", p.stderr
+
+
+def test_transposed_blocks_give_the_numpy_calls_bits(rng):
+    # blocks of a transposed array are Fortran-ordered views, whose rows lie
+    # far apart; the computed array is C-ordered, and its call the reference
+    a = data(rng, (8, 30), np.float32)
+    X = da.from_array(a, chunks=(8, 10)).T
+    x = X.compute()
+    w, b = data(rng, 8, np.float32), data(rng, 8, np.float32)
+    same(lnfast.layer_norm(X, w, b).compute(), lnfast.layer_norm(x, w, b))
+    dy = data(rng, (30, 8), np.float32)
+    y, m, r = lnfast.layer_norm_forward(x, w, b)
+    DY = da.from_array(dy.T.copy(), chunks=(8, 10)).T
+    M, R = da.from_array(m, chunks=10), da.from_array(r, chunks=10)
+    got = lnfast.layer_norm_backward(DY, X, M, R, w)
+    same(got[0].compute(), lnfast.layer_norm_backward(dy, x, m, r, w)[0])

@@ -783,3 +783,16 @@ def test_cuda_tensors_match_the_cpu(gen):
         outs.append([y, *torch.autograd.grad(y, (xs, ws, bs), dy.to(device))])
     for c, g in zip(*outs):
         torch.testing.assert_close(g.cpu(), c, rtol=1e-5, atol=1e-5)
+
+
+def test_eps_bool_is_refused_when_compiled_too(gen):
+    # eager refuses a bool eps; tracing must not take True as 1.0
+    x = randn(gen, 3, 4, dtype=torch.float32)
+    for f in (lt.layer_norm, lt.rms_norm):
+        with pytest.raises(TypeError, match="eps must be a real number, got bool"):
+            f(x, 4, eps=True)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: f(x, 4, eps=True), backend="aot_eager",
+                                 fullgraph=True)
+        with pytest.raises(Exception, match="eps must be a real number, got bool"):
+            compiled(x)

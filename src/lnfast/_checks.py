@@ -39,6 +39,9 @@ def array(name, a):
     if type(a) is not np.ndarray and isinstance(a, np.ma.MaskedArray):
         raise TypeError(f"{name} must not be a masked array (its mask would be ignored); "
                         "pass a.filled(value) or a.data")
+    if isinstance(a, np.matrix):
+        raise TypeError(f"{name} must not be a numpy.matrix (it stays 2-D when reshaped); "
+                        f"pass np.asarray({name})")
     return a
 
 

@@ -150,11 +150,14 @@ def _one_chunk(name, x, ax):
 # --- one block ------------------------------------------------------------------
 
 def _dense(a, axis):
-    """A block as the whole array's call sees it.  Over the last axis rows
-    give the same bits wherever they lie; over others the layout picks the
-    kernel (rows far apart go by tiles), so a view (a block of an array
-    chunked along a middle axis) is made C-ordered, as the array is."""
-    if a is None or a.flags.c_contiguous or _checks.axes(axis, a.ndim) == (a.ndim - 1,):
+    """A block as the whole array's call sees it.  Rows whose elements are
+    adjacent give the same bits wherever they lie; otherwise the layout
+    picks the kernel (rows far apart go by tiles), so such a view (a block
+    of an array chunked along a middle axis, or a transposed one) is made
+    C-ordered, as the computed array is."""
+    if a is None or a.flags.c_contiguous:
+        return a
+    if _checks.axes(axis, a.ndim) == (a.ndim - 1,) and a.strides[-1] == a.itemsize:
         return a
     return (_cupy() if _checks.is_cupy(a) else np).ascontiguousarray(a)
 

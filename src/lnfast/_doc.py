@@ -23,7 +23,7 @@ PARAMS = {
     Where to write the result: x's shape and dtype, writeable; may be x
     itself.  Not for Dask arrays.""",
     "dy": """dy : array
-    The gradient reaching the output y, of x's shape and dtype.""",
+    The gradient reaching the output y, of y's shape and dtype.""",
     "mean": """mean : array
     The row means the forward pass returned (x's shape without the
     normalized axes).""",

@@ -39,7 +39,7 @@ def layer_norm(x: A, weight: Optional[A] = None, bias: Optional[A] = None, *,
     Returns
     -------
     y : array
-        x's shape and dtype, C-contiguous (`out` when given).
+        x's shape and dtype, C-contiguous (`out` itself when given).
 
     {raises}
 

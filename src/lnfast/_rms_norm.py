@@ -23,7 +23,7 @@ def rms_norm(x: A, weight: Optional[A] = None, *, eps: float = 1e-5, axis: Axis 
     Returns
     -------
     y : array
-        x's shape and dtype, C-contiguous (`out` when given).
+        x's shape and dtype, C-contiguous (`out` itself when given).
 
     {raises}
 

@@ -591,7 +591,10 @@ def _eps(eps):
     """lnfast's check of eps, its exceptions as torch's too; a 0-d real
     tensor is taken as its value, as torch.nn.functional takes it."""
     if torch.compiler.is_compiling():
-        # (maybe a symbolic float: the kernels check it when they run)
+        # (maybe a symbolic float: the kernels check its value when they
+        # run; a bool, which they would take as 0 or 1, is refused here)
+        if isinstance(eps, bool):
+            raise _TypeError("eps must be a real number, got bool")
         return float(eps) if isinstance(eps, torch.Tensor) else eps
     if (isinstance(eps, torch.Tensor) and eps.dim() == 0 and eps.dtype.is_floating_point
             and not eps.requires_grad):
