@@ -263,6 +263,8 @@ def test_eps_may_be_a_concrete_jax_scalar():
     np.testing.assert_array_equal(lj.layer_norm(x, eps=jnp.float32(1e-3)),
                                   lj.layer_norm(x, eps=float(np.float32(1e-3))))
     assert not np.array_equal(want, lj.layer_norm(x))
+    # an integer one too, as a 0-d NumPy integer array is taken
+    np.testing.assert_array_equal(lj.rms_norm(x, eps=jnp.int32(2)), lj.rms_norm(x, eps=2.0))
 
 
 def test_handlers_refuse_buffers_that_do_not_fit():

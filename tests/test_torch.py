@@ -97,6 +97,15 @@ def test_rms_norm_takes_a_weight_of_any_float_dtype(gen, dtype, wdtype):
     assert gx.dtype == dtype and gw.dtype == wdtype
 
 
+def test_rms_norm_refuses_a_weight_not_of_a_float_dtype(gen):
+    # the message names what rms_norm takes (any of the four), not only
+    # input's dtype
+    x = randn(gen, 3, 4, dtype=torch.float32)
+    with pytest.raises(TypeError, match="weight must be float32, float64, float16 or bfloat16, "
+                                        "got torch.int32"):
+        lt.rms_norm(x, 4, torch.ones(4, dtype=torch.int32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rms_norm_default_eps_is_torchs(dtype):
     # (a small mean square, where eps shows: torch takes float32's epsilon for

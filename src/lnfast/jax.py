@@ -84,8 +84,9 @@ def _eps(eps):
     if isinstance(eps, jax.core.Tracer):
         raise TypeError("eps must be a concrete real number (a Python float; it is "
                         "compiled into the call), got a traced value")
-    if isinstance(eps, jax.Array) and eps.shape == () and jnp.issubdtype(eps.dtype, jnp.floating):
-        eps = float(eps)
+    if (isinstance(eps, jax.Array) and eps.shape == ()
+            and (jnp.issubdtype(eps.dtype, jnp.floating) or jnp.issubdtype(eps.dtype, jnp.integer))):
+        eps = float(eps)    # (as a 0-d NumPy array of either kind is taken)
     return _checks.eps(eps)
 
 

@@ -723,9 +723,12 @@ def rms_norm(input: torch.Tensor, normalized_shape: Shape,
                                                      normalized_shape, weight, eps)
     if _exporting_to_onnx():
         return torch.nn.functional.rms_norm(input, _as_sequence(normalized_shape), weight, eps)
-    if (isinstance(weight, torch.Tensor) and isinstance(input, torch.Tensor)
-            and weight.dtype in _DTYPES and weight.dtype not in (input.dtype, torch.float32)):
-        weight = weight.to(input.dtype if input.dtype == torch.float64 else torch.float32)
+    if isinstance(weight, torch.Tensor) and isinstance(input, torch.Tensor):
+        if weight.dtype not in _DTYPES:     # (any of them: they are converted below)
+            raise _TypeError(f"weight must be float32, float64, float16 or bfloat16, "
+                             f"got {weight.dtype}")
+        if weight.dtype not in (input.dtype, torch.float32):
+            weight = weight.to(input.dtype if input.dtype == torch.float64 else torch.float32)
     k = _normalized(input, normalized_shape, (("weight", weight),))
     eps = _default_rms_eps(input.dtype) if eps is None else _eps(eps)
     return _apply(input, None, weight, None, k, eps, False)[0]

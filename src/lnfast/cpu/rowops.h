@@ -372,7 +372,7 @@ LNF_ATTR LNF_INLINE void levels_close(lnf_levels *v, const LNF_VD *g, int close,
  * float64's lanes hold its open group themselves, closed into the upper
  * levels v. */
 LNF_ATTR LNF_INLINE void lanes_add_step(lnf_lanes *l, lnf_levels *v, const LNF_VT *p, int close,
-                                        int ns)
+                                        ptrdiff_t ns)
 {
     (void)v, (void)ns;
 #if LNF_MID > 1
@@ -399,7 +399,7 @@ LNF_ATTR LNF_INLINE void lanes_add_step(lnf_lanes *l, lnf_levels *v, const LNF_V
  * and its open group in the lanes is their sum as it stands (0 + (0 +
  * open) exactly); else the last group and mid level close, and the top
  * is the lanes' sum. */
-LNF_ATTR LNF_INLINE void lanes_close(lnf_lanes *l, lnf_levels *v, int ns)
+LNF_ATTR LNF_INLINE void lanes_close(lnf_lanes *l, lnf_levels *v, ptrdiff_t ns)
 {
     (void)v;
 #if LNF_MID > 1
@@ -418,7 +418,7 @@ LNF_ATTR LNF_INLINE void lanes_close(lnf_lanes *l, lnf_levels *v, int ns)
 /* What closes after step ns (counted from 1): 0 nothing, 1 the open group
  * (LNF_SUPER steps' block sums), 2 the group and the mid level (LNF_MID
  * groups). */
-LNF_INLINE int step_closes(int ns)
+LNF_INLINE int step_closes(ptrdiff_t ns)
 {
     return ns % LNF_SUPER ? 0 : ns % (LNF_SUPER * LNF_MID) ? 1 : 2;
 }
@@ -575,7 +575,7 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
     lnf_lanes l1, l2;
     lnf_levels v1, v2;
     const LNF_VT sh = LNF_SPLAT(shift), kv[3] = {LNF_SPLAT(hi), LNF_SPLAT(lo), LNF_SPLAT(rs)};
-    int ns = 0;     /* full steps */
+    ptrdiff_t ns = 0;    /* full steps */
     lanes_init(&l1);
     lanes_init(&l2);
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
@@ -623,7 +623,7 @@ LNF_ATTR LNF_INLINE void pipe(const LNF_S *x, LNF_S *y, const LNF_T *__restrict 
     if (xn != NULL) {
         LNF_T P[LNF_LANES] = {0}, Q[LNF_LANES] = {0};  /* the open groups */
         double M1[LNF_LANES] = {0}, M2[LNF_LANES] = {0};    /* the mid levels */
-        int ns = 0;
+        ptrdiff_t ns = 0;
         for (; i + LNF_STEP <= n; i += LNF_STEP) {
             for (int k = 0; k < LNF_LANES; k++) {
                 LNF_T d = next1(xn, rn, zn, i + k) - shift, p = d, q = d * d;
@@ -702,7 +702,7 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
     const LNF_VT m = LNF_SPLAT(mean_n);
     const LNF_VT kv[5] = {LNF_SPLAT(kk[0]), LNF_SPLAT(kk[1]), LNF_SPLAT(kk[2]), LNF_SPLAT(kk[3]),
                           LNF_SPLAT(kk[4])};
-    int ns = 0;     /* full steps */
+    ptrdiff_t ns = 0;    /* full steps */
     for (int u = 0; u < 3; u++)
         lanes_init(&l[u]);
     for (; i + LNF_STEP <= n; i += LNF_STEP) {
@@ -750,7 +750,7 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
     if (xn != NULL) {
         LNF_T P[3][LNF_LANES] = {{0}};      /* the open groups */
         double M[3][LNF_LANES] = {{0}};     /* the mid levels */
-        int ns = 0;
+        ptrdiff_t ns = 0;
         for (; i + LNF_STEP <= n; i += LNF_STEP) {
             for (int c = 0; c < LNF_LANES; c++) {
                 LNF_T p[3], t[3];
