@@ -590,11 +590,10 @@ def _checked(x, normalized_shape, params, name_x):
 def _eps(eps):
     """lnfast's check of eps, its exceptions as torch's too; a 0-d real
     tensor is taken as its value, as torch.nn.functional takes it."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and not isinstance(eps, bool):
         # (maybe a symbolic float: the kernels check its value when they
-        # run; a bool, which they would take as 0 or 1, is refused here)
-        if isinstance(eps, bool):
-            raise _TypeError("eps must be a real number, got bool")
+        # run; a bool, which they would take as 0 or 1, goes to the check
+        # below)
         return float(eps) if isinstance(eps, torch.Tensor) else eps
     if (isinstance(eps, torch.Tensor) and eps.dim() == 0 and eps.dtype.is_floating_point
             and not eps.requires_grad):

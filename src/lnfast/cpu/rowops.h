@@ -804,8 +804,7 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
 /* Whether the sums of a row of n take float64's upper levels (`levels`
  * of pipe and grad_pipe; float32 arithmetic always closes its groups).  A
  * row of fewer than LNF_SUPER + 2 full steps gets the same bits without
- * them, and its loops then have no call to levels_close, around which
- * they would keep their vectors in memory. */
+ * them, and takes loops that carry none of their code. */
 #define LEVELS(n) (LNF_MID == 1 || (n) >= (LNF_SUPER + 2) * LNF_STEP)
 LNF_ATTR static void row_sums(const void *x, const void *r, void *z, int centered,
                               double shift, double *s, ptrdiff_t n, const void *xf,
