@@ -4,8 +4,9 @@
  * and dwdb, row strides that are not whole elements (every row but the
  * first misaligned), unknown dtypes for lnf_round_sums, a dx in place of x
  * or dy; a refused lnf_array_init writes nothing;
- * a D near PTRDIFF_MAX gives no arithmetic trap; thread counts out of
- * range are clamped.  Built and
+ * a D near PTRDIFF_MAX, or lengths and strides whose products overflow,
+ * give no arithmetic trap; arrays past a ptrdiff_t's reach are refused;
+ * thread counts out of range are clamped.  Built and
  * run by tests/test_c_api.py, with AddressSanitizer and UBSan where the
  * compiler has them. */
 #include <stdint.h>
@@ -150,6 +151,58 @@ int main(void)
         printf("lnf_num_chunks of a huge D\n");
         bad = 1;
     }
+    if (lnf_num_chunks(PTRDIFF_MAX, 1) != LNF_MAX_CHUNKS || lnf_num_chunks(PTRDIFF_MAX - 1, 8) < 1) {
+        printf("lnf_num_chunks of a huge M\n");
+        bad = 1;
+    }
+    if (!lnf_streamed(PTRDIFF_MAX / 4, 8, PTRDIFF_MAX) || lnf_streamed(-1, 8, PTRDIFF_MAX)) {
+        printf("lnf_streamed of a huge or negative D\n");
+        bad = 1;
+    }
+
+    /* Arrays past a ptrdiff_t's reach; and strides whose products with the
+     * lengths overflow though the array fits. */
+    {
+        ptrdiff_t big = (ptrdiff_t)1 << 40, top = PTRDIFF_MAX / 2 + 1;
+        ptrdiff_t sh[3] = {big, big, D}, stv[3] = {8, 8, 8};
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, 3, sh, stv), LNF_EINVAL,
+               "2**80 elements");
+        ptrdiff_t sh2[2] = {4, D}, st2[2] = {top, 8};
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, 2, sh2, st2), LNF_EINVAL,
+               "3 (2**62) bytes from the first row to the last");
+        ptrdiff_t sh3[2] = {3, D}, st3[2] = {PTRDIFF_MIN, 8};
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, 2, sh3, st3), LNF_EINVAL,
+               "a stride of PTRDIFF_MIN");
+        ptrdiff_t sh4[4] = {2, 2, 0, D}, st4[4] = {16, top, 8, 8};
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, 4, sh4, st4), LNF_OK,
+               "an empty array whose stride times length overflows");
+        ptrdiff_t sh5[3] = {2, 2, D}, st5[3] = {16, top, 8};
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, 3, sh5, st5), LNF_OK,
+               "rows 2**62 bytes apart");
+        if (a.nd != 2) {
+            printf("axes whose strides do not merge were merged\n");
+            bad = 1;
+        }
+        ptrdiff_t sh6[3] = {3, 2, D}, st6[3] = {2 * D * 8, D * 8, 8};
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, 3, sh6, st6), LNF_OK, "mergeable axes");
+        if (a.nd != 1 || a.shape[0] != 6 || a.stride[0] != D * 8) {
+            printf("contiguous leading axes were not merged\n");
+            bad = 1;
+        }
+        f = forward_args();         /* lengths set by hand whose product overflows */
+        f.x.nd = 2;
+        f.x.shape[0] = (ptrdiff_t)1 << 62, f.x.shape[1] = 4 * M + 1;
+        f.x.stride[0] = f.x.stride[1] = 0;
+        expect(lnf_forward(&f), LNF_EINVAL, "leading lengths whose product overflows");
+    }
+    b = backward_args();
+    f = forward_args();
+    f.centered = b.centered = 0;
+    lnf_forward(&f);
+    b.mean = (char *)st + 3;
+    expect(lnf_backward(&b), LNF_OK, "RMSNorm with a misaligned mean it does not read");
+    b.mean = NULL;
+    expect(lnf_backward(&b), LNF_OK, "RMSNorm without mean");
 
     uint16_t out16[4];
     double sums[4] = {1.0, -2.0, 0.5, 3.0};

@@ -6,6 +6,41 @@
 #include "kernels.h"
 #include "lnfast_cpu.h"
 
+/* Whether a * b (a, b >= 0) fits a ptrdiff_t. */
+static inline int lnf_mul_fits(ptrdiff_t a, ptrdiff_t b)
+{
+    return b == 0 || a <= PTRDIFF_MAX / b;
+}
+
+/* a * b (a, b >= 0), or PTRDIFF_MAX where that does not fit: a byte count
+ * no memory holds. */
+static inline ptrdiff_t lnf_mul_sat(ptrdiff_t a, ptrdiff_t b)
+{
+    return lnf_mul_fits(a, b) ? a * b : PTRDIFF_MAX;
+}
+
+/* Whether n axes of these lengths and byte strides can be addressed: no
+ * negative length, and the product of the nonzero lengths and the bytes
+ * from the first element to the last, the sum of |stride| (length - 1),
+ * fit a ptrdiff_t (row addresses and row counts are computed in one). */
+static inline int lnf_axes_fit(int n, const ptrdiff_t *shape, const ptrdiff_t *stride)
+{
+    ptrdiff_t count = 1, span = 0;
+    for (int k = 0; k < n; k++) {
+        if (shape[k] < 0 || stride[k] == PTRDIFF_MIN)
+            return 0;
+        if (shape[k] == 0)
+            continue;
+        ptrdiff_t s = stride[k] < 0 ? -stride[k] : stride[k];
+        if (!lnf_mul_fits(count, shape[k]) || !lnf_mul_fits(s, shape[k] - 1)
+            || span > PTRDIFF_MAX - s * (shape[k] - 1))
+            return 0;
+        count *= shape[k];
+        span += s * (shape[k] - 1);
+    }
+    return 1;
+}
+
 /* Bytes per element of a dtype. */
 static inline ptrdiff_t lnf_itemsize(int dtype)
 {

@@ -154,7 +154,7 @@ static void round_run(const float *g, ptrdiff_t width, void *out, int dtype)
 /* The first row of chunk c: c M / nchunks, for tiles at its tile's start. */
 static inline ptrdiff_t chunk_row(const lnf_bwd *b, ptrdiff_t c, ptrdiff_t nchunks)
 {
-    return lnf_tile_start(c * b->a->M / nchunks, b->run);
+    return lnf_tile_start(lnf_part_start(c, nchunks, b->a->M), b->run);
 }
 
 /* Chunk c's partial rows (NULL where there are none). */
@@ -177,7 +177,7 @@ static inline double *chunk_part(const lnf_reduction *p, ptrdiff_t c)
 
 ptrdiff_t lnf_num_chunks(ptrdiff_t M, ptrdiff_t D)
 {
-    ptrdiff_t by_rows = (M + LNF_MIN_ROWS_PER_CHUNK - 1) / LNF_MIN_ROWS_PER_CHUNK;
+    ptrdiff_t by_rows = M / LNF_MIN_ROWS_PER_CHUNK + (M % LNF_MIN_ROWS_PER_CHUNK > 0);
     if (by_rows == 1 && M >= LNF_SPLIT_MIN_ROWS && D >= LNF_SPLIT_MIN_ELEMENTS / M)
         by_rows = 2;
     /* (in a division, not a product: a D near PTRDIFF_MAX must not overflow) */
@@ -207,12 +207,17 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
     ptrdiff_t stride = partial_stride(a->D), nsums = 0;
     int in_place = nchunks == 1 && a->dwdb_dtype == LNF_FLOAT64
                    && ((uintptr_t)a->dwdb % 64 == 0 || a->M < LNF_IN_PLACE_MAX_ROWS);
+    /* (counts past what memory holds saturate, and are refused below) */
     if (b->shared)
-        nsums = 6 * ((a->D + b->col_block - 1) / b->col_block) * b->nthreads;
-    ptrdiff_t nruns = f32 ? stride * b->nthreads : 0;
-    ptrdiff_t npart = in_place || b->one_run ? 0 : stride * nchunks;
+        nsums = lnf_mul_sat(6 * (a->D / b->col_block + (a->D % b->col_block > 0)),
+                            b->nthreads);
+    ptrdiff_t nruns = f32 ? lnf_mul_sat(stride, b->nthreads) : 0;
+    ptrdiff_t npart = in_place || b->one_run ? 0 : lnf_mul_sat(stride, nchunks);
     p->nchunks = nchunks;
     p->stride = stride;
+    ptrdiff_t most = PTRDIFF_MAX / (ptrdiff_t)sizeof(double) / 4;
+    if (npart > most || nruns > most || nsums > most)
+        return LNF_ENOMEM;
     /* (one value at least: no pointer below is arithmetic on NULL) */
     ptrdiff_t n = LNF_MAX(npart + nruns + nsums, 1);
     if ((p->buffer = lnf_malloc_aligned((size_t)n * sizeof(double))) == NULL)
@@ -230,7 +235,7 @@ int lnf_backward(const lnf_backward_args *a)
         return LNF_EINVAL;
     int f32 = a->weight.dtype != LNF_FLOAT64;
     if (a->D < 1 || a->D > LNF_MAX_D || a->M < 0 || a->nchunks < 0
-        || a->nchunks > LNF_MAX(a->M, LNF_MAX_CHUNKS)
+        || a->nchunks > LNF_MAX(a->M, LNF_MAX_CHUNKS) || a->nchunks > INT32_MAX
         || a->dwdb == NULL || a->dwdb_dtype < 0 || a->dwdb_dtype >= LNF_NDTYPES
         || !lnf_aligned(a->dwdb, lnf_itemsize(a->dwdb_dtype)))
         return LNF_EINVAL;
@@ -243,7 +248,7 @@ int lnf_backward(const lnf_backward_args *a)
         || !lnf_rows_ok(&a->dx, a->M, !f32)
         || (a->has_dz && !lnf_rows_ok(&a->dz, a->M, !f32)) || !lnf_vector_ok(&a->weight, !f32)
         || a->rstd == NULL || (a->centered && a->mean == NULL)
-        || !lnf_aligned(a->rstd, f32 ? 4 : 8) || !lnf_aligned(a->mean, f32 ? 4 : 8))
+        || !lnf_aligned(a->rstd, f32 ? 4 : 8) || (a->centered && !lnf_aligned(a->mean, f32 ? 4 : 8)))
         return LNF_EINVAL;
     /* dx may be dz, not x or dy: the tiles' rows redone in float64 read x
      * and dy again after the tile's dx is stored. */
@@ -261,7 +266,8 @@ int lnf_backward(const lnf_backward_args *a)
     b.run = b.direct ? 0 : lnf_tile_run(rows, 3, 4, a->D);
     b.dx_like = lnf_tile_like(&a->dx, &a->x);
     b.stream = b.direct ? lnf_streamed(a->D, lnf_itemsize(a->dx.dtype),
-                                       a->M * a->D * lnf_itemsize(a->dx.dtype))
+                                       lnf_mul_sat(lnf_mul_sat(a->M, a->D),
+                                                   lnf_itemsize(a->dx.dtype)))
                         : b.run && b.dx_like && lnf_tile_streamed(&a->dx, b.run, a->M, a->D);
     b.blocked = lnf_all_direct(rows, 3)
                 && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8)) >= blocked_row_bytes;

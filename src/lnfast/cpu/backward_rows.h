@@ -353,7 +353,7 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
     const lnf_backward_args *a = bw->a;
     const lnf_row_ops *ops = bw->kx->ops;
     ptrdiff_t D = a->D, cbk = bw->col_block, nb = (D + cbk - 1) / cbk;
-    ptrdiff_t b0 = t * nb / nt, b1 = (t + 1) * nb / nt;
+    ptrdiff_t b0 = lnf_part_start(t, nt, nb), b1 = lnf_part_start(t + 1, nt, nb);
     ptrdiff_t c0 = b0 * cbk, c1 = LNF_MIN(b1 * cbk, D);
     ptrdiff_t isz = lnf_native(&a->x) ? (ptrdiff_t)sizeof(REAL) : 2;   /* bytes per stored value */
     int stream = bw->stream ? (LNF_STREAMED | LNF_STREAM_NOFENCE) : 0;
@@ -592,7 +592,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
             const REAL *w = lnf_param(&a->weight, sc[t].params, D);
             /* (every thread takes every chunk: the barriers are in there) */
             for (ptrdiff_t c = 0; c < nchunks; c++)
-                F(backward_blocks)(b, w, mean, rstd, c * M / nchunks, (c + 1) * M / nchunks,
+                F(backward_blocks)(b, w, mean, rstd, lnf_part_start(c, nchunks, M), lnf_part_start(c + 1, nchunks, M),
                                    chunk_part(p, c), F(run_rows)(p, chunk_part(p, c), 0),
                                    p->sums, sc, t, nt);
             lnf_fpenv_leave(env);

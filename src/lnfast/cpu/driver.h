@@ -19,6 +19,13 @@
 #define LNF_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LNF_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* The first of M items in part i of n (0 <= i <= n, 0 < n < 2**31):
+ * floor(i M / n), without the product i M, which could overflow. */
+static inline ptrdiff_t lnf_part_start(ptrdiff_t i, ptrdiff_t n, ptrdiff_t M)
+{
+    return i * (M / n) + (ptrdiff_t)((int64_t)i * (M % n) / n);
+}
+
 /* Whether p is aligned to `size` bytes. */
 static inline int lnf_aligned(const void *p, ptrdiff_t size)
 {
@@ -31,7 +38,8 @@ static inline int lnf_aligned(const void *p, ptrdiff_t size)
 static inline int lnf_rows_ok(const lnf_array *a, ptrdiff_t M, int f64)
 {
     if (a->dtype < 0 || a->dtype >= LNF_NDTYPES || a->base == NULL || a->nd < 0
-        || a->nd > LNF_MAX_LEAD || (f64 ? a->dtype != LNF_FLOAT64 : a->dtype == LNF_FLOAT64))
+        || a->nd > LNF_MAX_LEAD || (f64 ? a->dtype != LNF_FLOAT64 : a->dtype == LNF_FLOAT64)
+        || !lnf_axes_fit(a->nd, a->shape, a->stride))      /* (the product below fits) */
         return 0;
     ptrdiff_t n = 1, size = lnf_itemsize(a->dtype);
     for (int k = 0; k < a->nd; k++) {
@@ -140,7 +148,7 @@ static inline lnf_tile_carry lnf_tile_carry_mode(lnf_tile_carry last, int alike,
 static inline int lnf_tile_streamed(const lnf_array *out, ptrdiff_t run, ptrdiff_t M, ptrdiff_t D)
 {
     ptrdiff_t isz = lnf_itemsize(out->dtype), line = 64;
-    int ok = isz >= 4 && M * D * isz >= LNF_STREAM_MIN_BYTES && (uintptr_t)out->base % line == 0
+    int ok = isz >= 4 && lnf_mul_sat(lnf_mul_sat(M, D), isz) >= LNF_STREAM_MIN_BYTES && (uintptr_t)out->base % line == 0
              && out->inner % line == 0 && run * isz % line == 0;
     for (int k = 0; k + 1 < out->nd; k++)
         ok = ok && out->stride[k] % line == 0;

@@ -44,8 +44,10 @@ typedef struct lnf_array {
 /* Describe an array of `ndim` >= 1 axes whose last is normalized; byte
  * strides (a last axis of one element is taken as contiguous, whatever its
  * stride, as NumPy takes it).  LNF_EINVAL for an unknown dtype, a
- * negative length, NULL shape or strides, or more than LNF_MAX_LEAD
- * leading axes that do not merge. */
+ * negative length, NULL shape or strides, more than LNF_MAX_LEAD leading
+ * axes that do not merge, or an array past a ptrdiff_t's reach (the
+ * product of its nonzero lengths, or the bytes from its first element to
+ * its last, over PTRDIFF_MAX). */
 int lnf_array_init(lnf_array *a, void *base, int dtype, int ndim, const ptrdiff_t *shape,
                    const ptrdiff_t *strides);
 
@@ -80,7 +82,8 @@ int lnf_forward(const lnf_forward_args *a);
 /* dx = the gradient of the rows' norm (plus dz when has_dz), and
  * [dweight, dbias] into dwdb, C-contiguous (2, D) of dwdb_dtype (dbias
  * zero unless centered): summed in float64 over `nchunks` fixed chunks of
- * rows (0: lnf_num_chunks), each in row order, then the chunks in order,
+ * rows (0: lnf_num_chunks; at most the larger of M and LNF_MAX_CHUNKS, and
+ * under 2**31), each in row order, then the chunks in order,
  * rounded once (dwdb_dtype LNF_FLOAT64, whatever the weight's type: the
  * float64 sums themselves, which rounded to the weight's type give that
  * call's bytes; lnfast's Dask backend adds those of its blocks).  mean

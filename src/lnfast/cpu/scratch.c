@@ -5,11 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "array.h"
 #include "lnfast_cpu.h"
 
 void *lnf_malloc_aligned(size_t n)
 {
-    char *raw = malloc(n + 64);
+    char *raw = n <= SIZE_MAX - 64 ? malloc(n + 64) : NULL;
     if (raw == NULL)
         return NULL;
     char *p = (char *)(((uintptr_t)raw + 64) & ~(uintptr_t)63);   /* 1 to 64 bytes in */
@@ -37,8 +38,10 @@ int lnf_scratch_begin(lnf_scratches *s, int n, ptrdiff_t rows, ptrdiff_t params,
         return LNF_ENOMEM;
     if (rows + params == 0)
         return LNF_OK;
-    size_t stride = ((size_t)(rows + params) * (size_t)D * tsize + 63) / 64 * 64;
-    char *base = lnf_malloc_aligned(stride * (size_t)n);
+    /* (a thread's bytes, or PTRDIFF_MAX where they pass what memory holds) */
+    ptrdiff_t bytes = lnf_mul_sat(lnf_mul_sat(rows + params, D), (ptrdiff_t)tsize);
+    size_t stride = ((size_t)bytes + 63) / 64 * 64;
+    char *base = bytes <= PTRDIFF_MAX / n - 64 ? lnf_malloc_aligned(stride * (size_t)n) : NULL;
     if (base == NULL) {
         if (s->sc != &s->one)
             free(s->sc);
