@@ -1,5 +1,6 @@
 """SPEC "Bad input": each bad argument raises TypeError or ValueError naming
 the argument, and a failed call leaves every argument unchanged."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -123,7 +124,8 @@ def test_eps_an_array_of_more_than_one_value_says_so(args):
 
 
 @pytest.mark.parametrize("eps", [np.array(1e-3), np.array(1e-3, np.float32), np.array(2),
-                                 np.float16(1e-3), np.int8(2)])
+                                 np.float16(1e-3), np.int8(2), ml_dtypes.bfloat16(1e-3),
+                                 np.array(1e-3, ml_dtypes.bfloat16)])
 def test_eps_a_numpy_scalar_or_zero_dimensional_array(args, eps):
     """As NumPy's own functions take one for a number: its value."""
     x = args["x"]
@@ -131,6 +133,30 @@ def test_eps_a_numpy_scalar_or_zero_dimensional_array(args, eps):
     assert np.array_equal(lnfast.layer_norm(x, eps=eps), want)
     assert np.array_equal(lnfast.layer_norm_forward(x, eps=eps)[0], want)
     raises(ValueError, "eps", lnfast.layer_norm, x, eps=-eps)
+
+
+@pytest.mark.parametrize("eps", [np.longdouble("1e4000"), ml_dtypes.bfloat16("nan")])
+def test_eps_past_float64_or_nan_of_another_type_shows_the_value_given(args, eps):
+    with pytest.raises(ValueError, match=r"eps must be finite and >= 0, got .*(e\+4000|nan)"):
+        lnfast.layer_norm(args["x"], eps=eps)
+
+
+@pytest.mark.parametrize("eps", [np.zeros((), "V8"), np.zeros((), [("a", "f8")])])
+def test_eps_of_a_void_or_structured_dtype(args, eps):
+    raises(TypeError, "eps", lnfast.layer_norm, args["x"], eps=eps)
+
+
+def test_add_layer_norm_backward_names_z_in_its_messages(args):
+    z, dy = args["x"], args["dy"]
+    _, _, mean, rstd = lnfast.add_layer_norm_forward(z, np.zeros_like(z))
+    for kw, exc, what in [(dict(weight=np.ones(D, np.float16)), TypeError, "that of z"),
+                          (dict(mean=mean[:2]), ValueError, "z's without the normalized"),
+                          (dict(rstd=rstd[:2]), ValueError, "z's without the normalized"),
+                          (dict(axis=2), ValueError, "out of range for z of 2")]:
+        call = dict(dy=dy, z=z, mean=mean, rstd=rstd)
+        call.update(kw)
+        with pytest.raises(exc, match=what):
+            lnfast.add_layer_norm_backward(**call)
 
 
 def test_out_of_wrong_shape(args):

@@ -68,11 +68,11 @@ def data(name, a, kind=array):
     return a
 
 
-def axes(axis, ndim):
+def axes(axis, ndim, x_name="x"):
     """`axis` (SPEC "Axes": an int or a tuple of ints, negative from the
     end) as a sorted tuple of distinct axes in [0, ndim).  A repeated or
     out-of-range axis is a ValueError (numpy's AxisError for out of range),
-    any other kind a TypeError."""
+    any other kind a TypeError.  x_name: the array's name in the messages."""
     items = axis if type(axis) is tuple else (axis,)
     if not items:
         raise ValueError("axis must name at least one axis, got ()")
@@ -83,7 +83,7 @@ def axes(axis, ndim):
         k = int(a)
         if not -ndim <= k < ndim:
             raise np.exceptions.AxisError(
-                f"axis {k} is out of range for x of {ndim} dimension(s) (axis={axis!r})")
+                f"axis {k} is out of range for {x_name} of {ndim} dimension(s) (axis={axis!r})")
         k %= ndim
         if k in seen:
             raise ValueError(f"axis must not repeat an axis, got {axis!r}")
@@ -123,16 +123,16 @@ def like(name, a, x, x_name="x"):
     return a
 
 
-def param(name, p, shape, dtype, kind=array):
+def param(name, p, shape, dtype, kind=array, x_name="x"):
     """weight or bias: None, or an array of the normalized axes' shape (a
     length-D vector for one axis), of x's dtype or float32.  kind: as
-    data's."""
+    data's; x_name: x's name in the messages."""
     if p is None:
         return None
     kind(name, p)
     if p.dtype != dtype and p.dtype != np.float32:
         also = "" if dtype == np.float32 else " or float32"
-        raise TypeError(f"{name} must have dtype {dtype} (that of x){also}, got {_got(p.dtype)}")
+        raise TypeError(f"{name} must have dtype {dtype} (that of {x_name}){also}, got {_got(p.dtype)}")
     if p.shape != shape:
         raise ValueError(f"{name} must have shape {shape} (the normalized axes'), got {p.shape}")
     return p
@@ -145,15 +145,16 @@ def scalar_stat(s):
     return np.asarray(s) if isinstance(s, np.generic) else s
 
 
-def stats(name, s, shape):
+def stats(name, s, shape, x_name="x"):
     """mean or rstd as returned by a forward pass: float, x's shape without
-    the normalized axes."""
+    the normalized axes (x_name: x's name in the messages)."""
     array(name, s)
     if s.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {_got(s.dtype)}")
     if not same_shape(s.shape, shape):
         raise ValueError(
-            f"{name} must have shape {shape} (x's without the normalized axes), got {s.shape}")
+            f"{name} must have shape {shape} ({x_name}'s without the normalized axes), "
+            f"got {s.shape}")
     return s
 
 
@@ -167,10 +168,26 @@ def compute_dtype(dtype):
     return _FLOAT32 if dtype in _HALVES else dtype
 
 
+def _real_dtype(dtype):
+    """Whether a dtype holds real numbers: NumPy's floats and integers, and
+    ml_dtypes' (bfloat16, int4 and the rest, of kind 'V')."""
+    if dtype.kind in ("f", "i", "u"):
+        return True
+    for info in (ml_dtypes.finfo, ml_dtypes.iinfo) if dtype.kind == "V" else ():
+        try:
+            info(dtype)
+            return True
+        except ValueError:              # (a void or structured dtype)
+            pass
+    return False
+
+
 def eps(value):
+    given = value
     if type(value) is not float:        # the common case skips the ABC check
         array = type(value) is np.ndarray or is_cupy(value)     # (not masked, not Dask)
-        if array and value.ndim == 0 and value.dtype.kind in ("f", "i", "u"):
+        if ((array and value.ndim == 0) or isinstance(value, np.generic)) \
+                and _real_dtype(value.dtype):
             value = value.item()        # (as NumPy takes a 0-d array for a number)
         elif isinstance(value, bool) or not isinstance(value, numbers.Real):
             what = type(value).__name__
@@ -183,7 +200,7 @@ def eps(value):
             raise ValueError(f"eps must be finite and >= 0, got an integer of "
                              f"{value.bit_length()} bits") from None
     if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError(f"eps must be finite and >= 0, got {value}")
+        raise ValueError(f"eps must be finite and >= 0, got {given!r}")
     return value
 
 
@@ -201,7 +218,7 @@ def out(o, shape, dtype):
 def rows(name, x, axis):
     """x's normalized axes for `axis`, and their shape."""
     data(name, x)
-    ax = axes(axis, x.ndim)
+    ax = axes(axis, x.ndim, name)
     return ax, normalized(name, x, ax)
 
 
@@ -229,8 +246,8 @@ def backward_args(dy, x, mean, rstd, weight, dz, centered, x_name="x", axis=-1):
     like("dy", dy, x, x_name)
     lead = tuple(n for k, n in enumerate(x.shape) if k not in ax)
     if centered:
-        stats("mean", mean, lead)
-    stats("rstd", rstd, lead)
-    param("weight", weight, shape, x.dtype)
+        stats("mean", mean, lead, x_name)
+    stats("rstd", rstd, lead, x_name)
+    param("weight", weight, shape, x.dtype, x_name=x_name)
     if dz is not None:
         like("dz", dz, x, x_name)
