@@ -55,6 +55,17 @@ def cases():
         out["two axes " + name] = run(lambda x, w: lt.layer_norm(x, (5, 8), w), (x2, w2), g)
         xs = t(g, 12, 40, dtype=dt, grad=False)[:, ::2].requires_grad_()
         out["strided " + name] = run(lambda x: lt.rms_norm(x, 20), (xs,), g)
+        # rows far apart (a strided layout NumPy's call would take by tiles)
+        xt = t(g, 70, 33, dtype=dt, grad=False).t().requires_grad_()
+        out["transposed " + name] = run(lambda x: lt.layer_norm(x, 70), (xt,), g)
+        out["transposed rms_norm " + name] = run(lambda x: lt.rms_norm(x, 70), (xt,), g)
+        xp = t(g, 2, 64, 7, 7, dtype=dt, grad=False).permute(0, 2, 3, 1).requires_grad_()
+        rp = t(g, 2, 64, 7, 7, dtype=dt, grad=False).permute(0, 2, 3, 1).requires_grad_()
+        w64, b64 = t(g, 64, dtype=dt), t(g, 64, dtype=dt)
+        out["permuted " + name] = run(lambda x, w, b: lt.layer_norm(x, 64, w, b),
+                                      (xp, w64, b64), g)
+        out["permuted add_layer_norm " + name] = run(
+            lambda x, r, w, b: lt.add_layer_norm(x, r, 64, w, b), (xp, rp, w64, b64), g)
     g = torch.Generator().manual_seed(2)
     x, w, b = (t(g, 9, 64, dtype=torch.bfloat16), t(g, 64, dtype=torch.float32),
                t(g, 64, dtype=torch.float32))

@@ -73,6 +73,14 @@ def _array(t):
         return t.resolve_neg().numpy()
 
 
+def _rows(t):
+    """x, residual, dy or dz as an array for the kernels: on the CPU
+    contiguous, copied where not, as the C++ kernels take them, so that the
+    two give the same bits (a strided layout may choose other kernels:
+    docs/api.md, "Axes")."""
+    return None if t is None else _array(t if t.is_cuda else t.contiguous())
+
+
 def _tensor(a):
     """A NumPy or CuPy array as a tensor, without a copy."""
     if a.dtype == ml_dtypes.bfloat16:
@@ -146,7 +154,7 @@ def _or_empty(a, like, dtype):
 def _norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
              bias: Optional[torch.Tensor], k: int, eps: float,
              centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, z, mean, rstd = _on_stream(x, _forward, _array(x), _array(residual), _array(weight),
+    y, z, mean, rstd = _on_stream(x, _forward, _rows(x), _rows(residual), _array(weight),
                                   _array(bias), k, eps, centered)
     stats = _compute_dtype(x.dtype)
     return (_tensor(y), _or_empty(z, x, x.dtype), _or_empty(mean, x, stats), _tensor(rstd))
@@ -166,9 +174,9 @@ def _(x, residual, weight, bias, k, eps, centered):
 def _norm_backward_op(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                       weight: Optional[torch.Tensor], dz: Optional[torch.Tensor], k: int,
                       centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = _on_stream(x, _backward, _array(dy), _array(x),
+    dx, dw, db = _on_stream(x, _backward, _rows(dy), _rows(x),
                             _array(mean) if centered else None, _array(rstd), _array(weight),
-                            _array(dz), k, centered)
+                            _rows(dz), k, centered)
     dw = _tensor(dw)
     return _tensor(dx), dw, _or_empty(db, x, dw.dtype)
 
@@ -384,8 +392,8 @@ class _Norm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, k, eps, centered):
-        xa, wa = _array(x), _array(weight)
-        y, z, mean, rstd = _on_stream(x, _forward, xa, _array(residual), wa, _array(bias), k,
+        xa, wa = _rows(x), _array(weight)
+        y, z, mean, rstd = _on_stream(x, _forward, xa, _rows(residual), wa, _array(bias), k,
                                       eps, centered)
         _remember(ctx, residual, weight, bias, k, centered)
         if residual is not None:
@@ -415,7 +423,7 @@ class _Norm(torch.autograd.Function):
             stats = _compute_dtype(src.dtype)
             return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
                              weight)
-        dx, dw, db = _on_stream(src, _backward, _array(dy), srca, mean, rstd, wa, _array(dz),
+        dx, dw, db = _on_stream(src, _backward, _rows(dy), srca, mean, rstd, wa, _rows(dz),
                                 ctx.k, ctx.centered)
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
@@ -494,7 +502,7 @@ def _apply(x, residual, weight, bias, k, eps, centered):
             or (bias is not None and bias.requires_grad)):
         # (autograd.Function.apply, less its Python preamble for functorch)
         return _norm_apply(x, residual, weight, bias, k, eps, centered)
-    y, z = _on_stream(x, _forward, _array(x), _array(residual), _array(weight), _array(bias), k,
+    y, z = _on_stream(x, _forward, _rows(x), _rows(residual), _array(weight), _array(bias), k,
                       eps, centered, False)[:2]
     return _tensor(y), None if z is None else _tensor(z)
 
