@@ -141,8 +141,10 @@ def test_eps_past_float64_or_nan_of_another_type_shows_the_value_given(args, eps
         lnfast.layer_norm(args["x"], eps=eps)
 
 
-@pytest.mark.parametrize("eps", [np.zeros((), "V8"), np.zeros((), [("a", "f8")])])
-def test_eps_of_a_void_or_structured_dtype(args, eps):
+@pytest.mark.parametrize("eps", [np.zeros((), "V8"), np.zeros((), [("a", "f8")]),
+                                 np.timedelta64(1, "ns"), np.timedelta64("NaT"),
+                                 np.datetime64(1, "s"), np.bool_(False)])
+def test_eps_of_a_dtype_not_of_numbers(args, eps):
     raises(TypeError, "eps", lnfast.layer_norm, args["x"], eps=eps)
 
 
@@ -272,3 +274,20 @@ def test_numpy_matrix_is_refused():
     with pytest.raises(TypeError, match="out must not be a numpy.matrix"):
         lnfast.rms_norm(a, axis=(0, 1), out=out)
     assert not out.any()
+
+
+def test_strides_past_a_pointers_reach(args):
+    # (as_strided makes them; the kernels would address past the address space)
+    # (not through raises(): such an array cannot be copied to compare)
+    x = args["x"]
+    far = np.lib.stride_tricks.as_strided(x, (3, D), (2 ** 62, x.itemsize))
+    with pytest.raises(ValueError, match=r"^x has .* strides that reach past"):
+        lnfast.layer_norm(far)
+    out = np.zeros_like(x[:3])
+    with pytest.raises(ValueError, match=r"^out has .* strides that reach past"):
+        lnfast.layer_norm(x[:3], out=np.lib.stride_tricks.as_strided(out, (3, D),
+                                                                     (2 ** 62, out.itemsize)))
+    assert not out.any()
+    # a single row's stride addresses nothing, however large
+    one = np.lib.stride_tricks.as_strided(x, (1, D), (-2 ** 63, x.itemsize))
+    assert np.array_equal(lnfast.layer_norm(one), lnfast.layer_norm(x[:1]))

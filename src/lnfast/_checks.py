@@ -186,10 +186,11 @@ def eps(value):
     given = value
     if type(value) is not float:        # the common case skips the ABC check
         array = type(value) is np.ndarray or is_cupy(value)     # (not masked, not Dask)
-        if ((array and value.ndim == 0) or isinstance(value, np.generic)) \
-                and _real_dtype(value.dtype):
+        numpy_number = (array and value.ndim == 0) or isinstance(value, np.generic)
+        if numpy_number and _real_dtype(value.dtype):
             value = value.item()        # (as NumPy takes a 0-d array for a number)
-        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        elif numpy_number or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            # (a timedelta64 is a numbers.Integral, not a real number here)
             what = type(value).__name__
             if hasattr(value, "dtype") and hasattr(value, "shape"):
                 what += f" of dtype {value.dtype} and shape {value.shape}"

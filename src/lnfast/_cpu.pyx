@@ -204,11 +204,12 @@ cdef inline int dtype_of(cnp.ndarray a) except -1:
     raise TypeError(f"lnfast kernels take float32, float64, float16 or bfloat16, got {a.dtype}")
 
 
-cdef int describe(lnf_array* m, cnp.ndarray a) except -1:
-    """m = the rows of `a` over its last axis."""
+cdef int describe(lnf_array* m, cnp.ndarray a, str name) except -1:
+    """m = the rows of `a` (the argument `name`) over its last axis."""
     if lnf_array_init(m, cnp.PyArray_DATA(a), dtype_of(a), cnp.PyArray_NDIM(a),
                       cnp.PyArray_DIMS(a), cnp.PyArray_STRIDES(a)) != LNF_OK:
-        raise ValueError("array has too many non-contiguous leading axes")
+        raise ValueError(f"{name} has too many leading axes that do not merge, or strides "
+                         f"that reach past what a pointer's offset can hold")
     return 0
 
 
@@ -246,17 +247,17 @@ cdef int run_forward(cnp.ndarray x, cnp.ndarray residual, cnp.ndarray z, cnp.nda
     cdef int status
     a.D = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
     a.M = cnp.PyArray_SIZE(x) // a.D if a.D else 0
-    describe(&a.x, x)
-    describe(&a.y, y)
+    describe(&a.x, x, "x")
+    describe(&a.y, y, "out")
     a.has_residual = residual is not None
     if a.has_residual:
-        describe(&a.residual, residual)
-        describe(&a.z, z)
-    describe(&a.weight, w)
+        describe(&a.residual, residual, "residual")
+        describe(&a.z, z, "z")
+    describe(&a.weight, w, "weight")
     a.weight_len = cnp.PyArray_DIM(w, 0)
     a.bias_len = a.weight_len
     if centered:
-        describe(&a.bias, b)
+        describe(&a.bias, b, "bias")
         a.bias_len = cnp.PyArray_DIM(b, 0)
     a.mean = data_or_null(mean)
     a.rstd = data_or_null(rstd)
@@ -292,13 +293,13 @@ cdef int run_backward(cnp.ndarray dy, cnp.ndarray x, cnp.ndarray dz, cnp.ndarray
                         "float32, float16 or bfloat16")
     if nchunks < 1 or nthreads < 1:
         raise ValueError("nchunks and nthreads must be at least 1")
-    describe(&a.x, x)
-    describe(&a.dy, dy)
-    describe(&a.dx, dx)
+    describe(&a.x, x, "x")
+    describe(&a.dy, dy, "dy")
+    describe(&a.dx, dx, "dx")
     a.has_dz = dz is not None
     if a.has_dz:
-        describe(&a.dz, dz)
-    describe(&a.weight, w)
+        describe(&a.dz, dz, "dz")
+    describe(&a.weight, w, "weight")
     a.mean = data_or_null(mean)
     a.rstd = data_or_null(rstd)
     a.dwdb = cnp.PyArray_DATA(dwdb)

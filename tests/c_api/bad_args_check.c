@@ -173,6 +173,9 @@ int main(void)
         ptrdiff_t sh3[2] = {3, D}, st3[2] = {PTRDIFF_MIN, 8};
         expect(lnf_array_init(&a, xs, LNF_FLOAT64, 2, sh3, st3), LNF_EINVAL,
                "a stride of PTRDIFF_MIN");
+        sh3[0] = 1;                     /* (a single element's stride addresses nothing) */
+        expect(lnf_array_init(&a, xs, LNF_FLOAT64, 2, sh3, st3), LNF_OK,
+               "a stride of PTRDIFF_MIN along one element");
         ptrdiff_t sh4[4] = {2, 2, 0, D}, st4[4] = {16, top, 8, 8};
         expect(lnf_array_init(&a, xs, LNF_FLOAT64, 4, sh4, st4), LNF_OK,
                "an empty array whose stride times length overflows");
@@ -203,6 +206,13 @@ int main(void)
     expect(lnf_backward(&b), LNF_OK, "RMSNorm with a misaligned mean it does not read");
     b.mean = NULL;
     expect(lnf_backward(&b), LNF_OK, "RMSNorm without mean");
+    {   /* column blocks of PTRDIFF_MAX columns (lnf_set_blocked, for tests) */
+        ptrdiff_t old[2];
+        lnf_set_blocked(0, PTRDIFF_MAX, old);
+        b = backward_args();
+        expect(lnf_backward(&b), LNF_OK, "a column block of PTRDIFF_MAX");
+        lnf_set_blocked(old[0], old[1], NULL);
+    }
 
     uint16_t out16[4];
     double sums[4] = {1.0, -2.0, 0.5, 3.0};

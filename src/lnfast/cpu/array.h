@@ -19,6 +19,12 @@ static inline ptrdiff_t lnf_mul_sat(ptrdiff_t a, ptrdiff_t b)
     return lnf_mul_fits(a, b) ? a * b : PTRDIFF_MAX;
 }
 
+/* a / b rounded up (a >= 0, b > 0), without a + b - 1, which may overflow. */
+static inline ptrdiff_t lnf_div_up(ptrdiff_t a, ptrdiff_t b)
+{
+    return a / b + (a % b > 0);
+}
+
 /* Whether n axes of these lengths and byte strides can be addressed: no
  * negative length, and the product of the nonzero lengths and the bytes
  * from the first element to the last, the sum of |stride| (length - 1),
@@ -27,10 +33,12 @@ static inline int lnf_axes_fit(int n, const ptrdiff_t *shape, const ptrdiff_t *s
 {
     ptrdiff_t count = 1, span = 0;
     for (int k = 0; k < n; k++) {
-        if (shape[k] < 0 || stride[k] == PTRDIFF_MIN)
+        if (shape[k] < 0)
             return 0;
-        if (shape[k] == 0)
+        if (shape[k] <= 1)              /* (its stride addresses nothing) */
             continue;
+        if (stride[k] == PTRDIFF_MIN)
+            return 0;
         ptrdiff_t s = stride[k] < 0 ? -stride[k] : stride[k];
         if (!lnf_mul_fits(count, shape[k]) || !lnf_mul_fits(s, shape[k] - 1)
             || span > PTRDIFF_MAX - s * (shape[k] - 1))

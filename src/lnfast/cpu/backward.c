@@ -177,7 +177,7 @@ static inline double *chunk_part(const lnf_reduction *p, ptrdiff_t c)
 
 ptrdiff_t lnf_num_chunks(ptrdiff_t M, ptrdiff_t D)
 {
-    ptrdiff_t by_rows = M / LNF_MIN_ROWS_PER_CHUNK + (M % LNF_MIN_ROWS_PER_CHUNK > 0);
+    ptrdiff_t by_rows = lnf_div_up(LNF_MAX(M, 0), LNF_MIN_ROWS_PER_CHUNK);
     if (by_rows == 1 && M >= LNF_SPLIT_MIN_ROWS && D >= LNF_SPLIT_MIN_ELEMENTS / M)
         by_rows = 2;
     /* (in a division, not a product: a D near PTRDIFF_MAX must not overflow) */
@@ -209,8 +209,7 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
                    && ((uintptr_t)a->dwdb % 64 == 0 || a->M < LNF_IN_PLACE_MAX_ROWS);
     /* (counts past what memory holds saturate, and are refused below) */
     if (b->shared)
-        nsums = lnf_mul_sat(6 * (a->D / b->col_block + (a->D % b->col_block > 0)),
-                            b->nthreads);
+        nsums = lnf_mul_sat(6 * lnf_div_up(a->D, b->col_block), b->nthreads);
     ptrdiff_t nruns = f32 ? lnf_mul_sat(stride, b->nthreads) : 0;
     ptrdiff_t npart = in_place || b->one_run ? 0 : lnf_mul_sat(stride, nchunks);
     p->nchunks = nchunks;

@@ -352,9 +352,9 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
 {
     const lnf_backward_args *a = bw->a;
     const lnf_row_ops *ops = bw->kx->ops;
-    ptrdiff_t D = a->D, cbk = bw->col_block, nb = (D + cbk - 1) / cbk;
+    ptrdiff_t D = a->D, cbk = bw->col_block, nb = lnf_div_up(D, cbk);
     ptrdiff_t b0 = lnf_part_start(t, nt, nb), b1 = lnf_part_start(t + 1, nt, nb);
-    ptrdiff_t c0 = b0 * cbk, c1 = LNF_MIN(b1 * cbk, D);
+    ptrdiff_t c0 = b0 < nb ? b0 * cbk : D, c1 = b1 < nb ? b1 * cbk : D;
     ptrdiff_t isz = lnf_native(&a->x) ? (ptrdiff_t)sizeof(REAL) : 2;   /* bytes per stored value */
     int stream = bw->stream ? (LNF_STREAMED | LNF_STREAM_NOFENCE) : 0;
     int c = a->centered;
@@ -575,7 +575,7 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
     ptrdiff_t M = a->M, D = a->D, stride = p->stride, nchunks = p->nchunks;
     ptrdiff_t width = a->centered ? 2 * D : D;      /* (RMSNorm: no dbias) */
     ptrdiff_t nblocks = (width + LNF_SUM_BLOCK - 1) / LNF_SUM_BLOCK;
-    ptrdiff_t nb = (D + b->col_block - 1) / b->col_block;
+    ptrdiff_t nb = lnf_div_up(D, b->col_block);
     if (b->nthreads == 1) {     /* (no OpenMP region, as in forward_rows) */
         const REAL *w = lnf_param(&a->weight, sc->params, D);
         if (!REAL_F64)
