@@ -19,6 +19,13 @@ static inline ptrdiff_t lnf_mul_sat(ptrdiff_t a, ptrdiff_t b)
     return lnf_mul_fits(a, b) ? a * b : PTRDIFF_MAX;
 }
 
+/* The bytes of M rows of D elements of `itemsize` bytes (all >= 0), or
+ * PTRDIFF_MAX where they pass what memory holds. */
+static inline ptrdiff_t lnf_rows_bytes(ptrdiff_t M, ptrdiff_t D, ptrdiff_t itemsize)
+{
+    return lnf_mul_sat(lnf_mul_sat(M, D), itemsize);
+}
+
 /* a / b rounded up (a >= 0, b > 0), without a + b - 1, which may overflow. */
 static inline ptrdiff_t lnf_div_up(ptrdiff_t a, ptrdiff_t b)
 {

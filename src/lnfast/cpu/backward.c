@@ -214,7 +214,7 @@ static int plan_reduction(lnf_reduction *p, const lnf_bwd *b, ptrdiff_t nchunks,
     ptrdiff_t npart = in_place || b->one_run ? 0 : lnf_mul_sat(stride, nchunks);
     p->nchunks = nchunks;
     p->stride = stride;
-    ptrdiff_t most = PTRDIFF_MAX / (ptrdiff_t)sizeof(double) / 4;
+    ptrdiff_t most = PTRDIFF_MAX / (ptrdiff_t)sizeof(double) / 4;    /* (the three's bytes fit) */
     if (npart > most || nruns > most || nsums > most)
         return LNF_ENOMEM;
     /* (one value at least: no pointer below is arithmetic on NULL) */
@@ -246,8 +246,8 @@ int lnf_backward(const lnf_backward_args *a)
     if (!lnf_rows_ok(&a->x, a->M, !f32) || !lnf_rows_ok(&a->dy, a->M, !f32)
         || !lnf_rows_ok(&a->dx, a->M, !f32)
         || (a->has_dz && !lnf_rows_ok(&a->dz, a->M, !f32)) || !lnf_vector_ok(&a->weight, !f32)
-        || a->rstd == NULL || (a->centered && a->mean == NULL)
-        || !lnf_aligned(a->rstd, f32 ? 4 : 8) || (a->centered && !lnf_aligned(a->mean, f32 ? 4 : 8)))
+        || a->rstd == NULL || !lnf_aligned(a->rstd, f32 ? 4 : 8)
+        || (a->centered && (a->mean == NULL || !lnf_aligned(a->mean, f32 ? 4 : 8))))
         return LNF_EINVAL;
     /* dx may be dz, not x or dy: the tiles' rows redone in float64 read x
      * and dy again after the tile's dx is stored. */
@@ -265,8 +265,7 @@ int lnf_backward(const lnf_backward_args *a)
     b.run = b.direct ? 0 : lnf_tile_run(rows, 3, 4, a->D);
     b.dx_like = lnf_tile_like(&a->dx, &a->x);
     b.stream = b.direct ? lnf_streamed(a->D, lnf_itemsize(a->dx.dtype),
-                                       lnf_mul_sat(lnf_mul_sat(a->M, a->D),
-                                                   lnf_itemsize(a->dx.dtype)))
+                                       lnf_rows_bytes(a->M, a->D, lnf_itemsize(a->dx.dtype)))
                         : b.run && b.dx_like && lnf_tile_streamed(&a->dx, b.run, a->M, a->D);
     b.blocked = lnf_all_direct(rows, 3)
                 && a->D * (4 * lnf_itemsize(a->x.dtype) + 3 * (f32 ? 4 : 8)) >= blocked_row_bytes;

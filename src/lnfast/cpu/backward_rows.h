@@ -592,9 +592,9 @@ static void F(backward_rows)(const lnf_bwd *b, const lnf_reduction *p, lnf_scrat
             const REAL *w = lnf_param(&a->weight, sc[t].params, D);
             /* (every thread takes every chunk: the barriers are in there) */
             for (ptrdiff_t c = 0; c < nchunks; c++)
-                F(backward_blocks)(b, w, mean, rstd, lnf_part_start(c, nchunks, M), lnf_part_start(c + 1, nchunks, M),
-                                   chunk_part(p, c), F(run_rows)(p, chunk_part(p, c), 0),
-                                   p->sums, sc, t, nt);
+                F(backward_blocks)(b, w, mean, rstd, lnf_part_start(c, nchunks, M),
+                                   lnf_part_start(c + 1, nchunks, M), chunk_part(p, c),
+                                   F(run_rows)(p, chunk_part(p, c), 0), p->sums, sc, t, nt);
             lnf_fpenv_leave(env);
         }
     } else {

@@ -148,7 +148,8 @@ static inline lnf_tile_carry lnf_tile_carry_mode(lnf_tile_carry last, int alike,
 static inline int lnf_tile_streamed(const lnf_array *out, ptrdiff_t run, ptrdiff_t M, ptrdiff_t D)
 {
     ptrdiff_t isz = lnf_itemsize(out->dtype), line = 64;
-    int ok = isz >= 4 && lnf_mul_sat(lnf_mul_sat(M, D), isz) >= LNF_STREAM_MIN_BYTES && (uintptr_t)out->base % line == 0
+    int ok = isz >= 4 && lnf_rows_bytes(M, D, isz) >= LNF_STREAM_MIN_BYTES
+             && (uintptr_t)out->base % line == 0
              && out->inner % line == 0 && run * isz % line == 0;
     for (int k = 0; k + 1 < out->nd; k++)
         ok = ok && out->stride[k] % line == 0;

@@ -89,8 +89,7 @@ int lnf_forward(const lnf_forward_args *a)
     f.y_like = lnf_tile_like(&a->y, &a->x);
     f.z_like = !a->has_residual || lnf_tile_like(&a->z, &a->x);
     f.stream = f.direct ? lnf_streamed(a->D, lnf_itemsize(a->y.dtype),
-                                       lnf_mul_sat(lnf_mul_sat(a->M, a->D),
-                                                   lnf_itemsize(a->y.dtype)))
+                                       lnf_rows_bytes(a->M, a->D, lnf_itemsize(a->y.dtype)))
                         : f.run && f.y_like && lnf_tile_streamed(&a->y, f.run, a->M, a->D);
     f.pairs = f.run && a->D <= LNF_TILE_PAIR_MAX_D && f.kx->ops->tile_pairs;
     f.nthreads = (int)LNF_MAX(1, LNF_MIN(LNF_MIN(a->nthreads, LNF_MAX_THREADS), a->M));

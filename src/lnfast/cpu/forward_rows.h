@@ -476,7 +476,8 @@ static void F(forward_rows)(const lnf_fwd *f, void *mean_out, void *rstd_out, ln
         const REAL *b = a->centered ? lnf_param(&a->bias, mine->params ? (REAL *)mine->params + D : NULL, D) : w;
 #pragma omp for schedule(static)
         for (ptrdiff_t t = 0; t < nt; t++)
-            F(forward_range)(f, w, b, mean_out, rstd_out, lnf_tile_start(lnf_part_start(t, nt, M), f->run),
+            F(forward_range)(f, w, b, mean_out, rstd_out,
+                             lnf_tile_start(lnf_part_start(t, nt, M), f->run),
                              lnf_tile_start(lnf_part_start(t + 1, nt, M), f->run), mine);
         lnf_fpenv_leave(env);
     }

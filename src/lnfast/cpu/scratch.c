@@ -39,7 +39,7 @@ int lnf_scratch_begin(lnf_scratches *s, int n, ptrdiff_t rows, ptrdiff_t params,
     if (rows + params == 0)
         return LNF_OK;
     /* (a thread's bytes, or PTRDIFF_MAX where they pass what memory holds) */
-    ptrdiff_t bytes = lnf_mul_sat(lnf_mul_sat(rows + params, D), (ptrdiff_t)tsize);
+    ptrdiff_t bytes = lnf_rows_bytes(rows + params, D, (ptrdiff_t)tsize);
     size_t stride = ((size_t)bytes + 63) / 64 * 64;
     char *base = bytes <= PTRDIFF_MAX / n - 64 ? lnf_malloc_aligned(stride * (size_t)n) : NULL;
     if (base == NULL) {
