@@ -18,6 +18,7 @@ the environment, as the extension itself is linked (distutils links
 executables without them), so flags such as CFLAGS=-fsanitize=... that need
 the same flag on the link do not turn OpenMP off.
 """
+import concurrent.futures
 import glob
 import os
 import re
@@ -96,6 +97,26 @@ def probe_openmp(compiler, cflags, ldflags):
     return True
 
 
+def compile_in_parallel(compiler):
+    """Make `compiler` compile an extension's sources as many at a time as
+    this process has CPUs: the kernels are many units of one extension,
+    which setuptools would compile one after another."""
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if compiler.compiler_type != "unix" or not jobs or jobs < 2:
+        return
+    one_by_one = compiler.compile
+
+    def compile(sources, output_dir=None, **kwargs):
+        # (the object folders first: distutils' mkpath is not safe to race)
+        for obj in compiler.object_filenames(sources, output_dir=output_dir or ""):
+            os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            parts = pool.map(lambda s: one_by_one([s], output_dir=output_dir, **kwargs), sources)
+            return [obj for part in parts for obj in part]
+
+    compiler.compile = compile
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         mode = os.environ.get("LNFAST_OPENMP", "auto").strip().lower()
@@ -126,6 +147,7 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = opt + san_cflags + (cflags if use_omp else [])
             ext.extra_link_args = san_ldflags + (ldflags if use_omp else [])
+        compile_in_parallel(self.compiler)
         super().build_extensions()
 
 

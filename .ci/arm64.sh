@@ -7,8 +7,8 @@
 # with setup.py, as a native build would, except that its compiler is
 # Debian's cross gcc (its sysconfig names aarch64-linux-gnu-gcc).  The
 # aarch64 wheels of NumPy, ml_dtypes, Cython and pytest come from PyPI,
-# fetched by PIP (an x86-64 pip) into a folder.  Then the whole test suite
-# runs on the NEON build, and .ci/fingerprint.py's hash is written to
+# fetched by PIP (an x86-64 pip) into a folder.  Then the kernels' tests run
+# on the NEON build, and .ci/fingerprint.py's hash is written to
 # WORK/fingerprint for the caller to compare with the x86-64 build's.
 # Afterwards `python benchmarks/arm64_instructions.py WORK` counts the
 # instructions per element this build executes.
@@ -51,7 +51,12 @@ PYTHONPATH=$site "$py" setup.py -q build_ext --inplace \
     -I "$root/usr/include/python3.11:$root/usr/include"
 export PYTHONPATH=$work/lnfast/src:$site
 "$py" -c "import lnfast, platform; assert platform.machine() == 'aarch64'; lnfast.show_config()"
-# (the peak-memory test measures qemu's own memory too: x86-64 runs it)
-"$py" -m pytest tests -q -p no:cacheprovider \
+# The kernels' tests. Left to the x86-64 steps: the C API's checks (built
+# by this machine's compiler, for x86-64), tests/gpu (the CUDA source), the
+# CLI's and the docs' (the same Python on every platform, and slow here:
+# they start interpreters), and the peak-memory test (it measures qemu's
+# own memory too).
+"$py" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_c_api.py \
+    --ignore=tests/gpu --ignore=tests/test_cli.py --ignore=tests/test_docs.py \
     --deselect tests/test_memory.py::test_a_long_16bit_row_runs_its_forward_in_little_extra_memory
 "$py" .ci/fingerprint.py > "$work/fingerprint"

@@ -4,7 +4,10 @@ with a residual and RMSNorm, forward and backward, on every instruction set
 of this CPU, and its outputs are the Python functions' bytes; another
 (tests/c_api/fpenv_check.c) holds the kernels' bits with flush-to-zero set
 by the caller; tests/c_api/tile_pairs_check.c holds the forward's tiles taken
-two at once to those taken one at a time."""
+two at once to those taken one at a time; tests/c_api/bad_args_check.c passes
+arguments that do not fit. All four run under ASan and UBSan where the
+compiler has them."""
+import concurrent.futures
 import os
 import pathlib
 import shutil
@@ -24,34 +27,69 @@ DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 pytestmark = pytest.mark.skipif(not CPU.is_dir(), reason="needs the source tree")
 
 
-def build(tmp, name="api_check", first=()):
-    """tests/c_api/NAME.c with the kernel sources, with the flags `first`
-    and OpenMP where the compiler takes them (`first` always where
-    LNFAST_TEST_SANITIZERS=required)."""
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler")
-    sources = [str(ROOT / "tests" / "c_api" / f"{name}.c"), *map(str, sorted(CPU.glob("*.c")))]
-    base = [cc, "-O2", "-ffp-contract=off", "-fno-math-errno", f"-I{CPU}", *sources, "-lm",
-            "-o", str(tmp / name)]
-    tries = [[*first, "-fopenmp"], ["-fopenmp"], []] if first else [["-fopenmp"], []]
-    if first and os.environ.get("LNFAST_TEST_SANITIZERS") == "required":    # (CI)
-        tries = [[*first, "-fopenmp"], list(first)]
-    for flags in tries:
-        p = subprocess.run(base + flags, capture_output=True, text=True, timeout=600)
-        if p.returncode == 0:
-            return tmp / name
-    pytest.fail(f"the C API does not build:\n{p.stderr[-3000:]}")
+SANITIZE = ("-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined")
+
+
+def compiles(cc, flags, tmp):
+    """Whether CC compiles and links a program with FLAGS."""
+    (tmp / "probe.c").write_text("int main(void) { return 0; }\n")
+    p = subprocess.run([cc, *flags, str(tmp / "probe.c"), "-o", str(tmp / "probe")],
+                       capture_output=True, timeout=600)
+    return p.returncode == 0
 
 
 @pytest.fixture(scope="module")
-def outputs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("c_api")
-    exe = build(tmp)
-    p = subprocess.run([str(exe), str(tmp / "out.bin")], capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr     # every instruction set: the same bytes
-    return (tmp / "out.bin").read_bytes()
+def kernels(tmp_path_factory):
+    """The kernel sources compiled once, in parallel, for every check below:
+    with ASan and UBSan where the compiler takes them (always where
+    LNFAST_TEST_SANITIZERS=required, as in CI), and with OpenMP where it
+    takes it. A sanitized build of the kernels takes minutes: one build
+    serves the four programs."""
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    tmp = tmp_path_factory.mktemp("kernels")
+    tries = [[*SANITIZE, "-fopenmp"], list(SANITIZE)]
+    if os.environ.get("LNFAST_TEST_SANITIZERS") != "required":
+        tries += [["-fopenmp"], []]
+    flags = next((f for f in tries if compiles(cc, f, tmp)), None)
+    if flags is None:
+        pytest.fail(f"{cc} builds no program with any of {tries}")
+    flags = [cc, "-O2", "-ffp-contract=off", "-fno-math-errno", f"-I{CPU}", *flags]
+
+    def compile_one(source):
+        obj = tmp / (source.stem + ".o")
+        p = subprocess.run([*flags, "-c", str(source), "-o", str(obj)],
+                           capture_output=True, text=True, timeout=1200)
+        assert p.returncode == 0, f"{source.name} does not build:\n{p.stderr[-3000:]}"
+        return str(obj)
+
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs or 1)) as pool:
+        # (rows_* first: they take the longest, and the last to start
+        # should be short)
+        objects = list(pool.map(compile_one, sorted(CPU.glob("*.c"), reverse=True)))
+    return flags, objects, tmp
+
+
+def run(kernels, name, *args):
+    """Build tests/c_api/NAME.c against the kernels, run it with ARGS, and
+    expect exit status 0."""
+    flags, objects, tmp = kernels
+    exe = tmp / name
+    p = subprocess.run([*flags, str(ROOT / "tests" / "c_api" / f"{name}.c"), *objects, "-lm",
+                        "-o", str(exe)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{name}.c does not build:\n{p.stderr[-3000:]}"
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def outputs(kernels):
+    out = kernels[2] / "out.bin"
+    run(kernels, "api_check", str(out))     # every instruction set: the same bytes
+    return out.read_bytes()
 
 
 def read(data, pos, dtype, shape):
@@ -83,31 +121,19 @@ def test_the_c_api_gives_the_python_functions_bytes(outputs):
     assert pos == len(outputs)
 
 
-def test_flush_to_zero_on_the_calling_threads_changes_no_bit(tmp_path):
+def test_flush_to_zero_on_the_calling_threads_changes_no_bit(kernels):
     # XLA and torch.set_flush_denormal turn flush-to-zero on; the kernels
     # compute in the default environment and give the caller back its own.
-    exe = build(tmp_path, "fpenv_check")
-    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
+    run(kernels, "fpenv_check")
 
 
-def run_sanitized(tmp, name):
-    """Build tests/c_api/NAME.c with ASan and UBSan where the compiler takes
-    them, run it, and expect exit status 0."""
-    exe = build(tmp, name,
-                ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"])
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
-    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
-
-
-def test_arguments_that_do_not_fit_are_refused_before_use(tmp_path):
+def test_arguments_that_do_not_fit_are_refused_before_use(kernels):
     # NULL blocks, negative lengths, misaligned outputs, huge D and thread
     # counts: LNF_EINVAL or a clamp, never a crash
-    run_sanitized(tmp_path, "bad_args_check")
+    run(kernels, "bad_args_check")
 
 
-def test_tiles_two_at_once_give_the_bits_of_one_at_a_time(tmp_path):
+def test_tiles_two_at_once_give_the_bits_of_one_at_a_time(kernels):
     # channels-first rows: forward outputs in x's layout pair full tiles,
     # outputs channels-last take every tile alone
-    run_sanitized(tmp_path, "tile_pairs_check")
+    run(kernels, "tile_pairs_check")

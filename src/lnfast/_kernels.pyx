@@ -49,7 +49,7 @@ def forward(x, residual, weight, bias, eps, out, bint centered, bint stats, z_ou
     (centered) and rstd only when `stats`, else None.  y is `out` when out
     is given; z is z_out when given (lnfast._axes: a writeable array of
     x's shape that overlaps no argument)."""
-    cdef int t, ct
+    cdef int t = 0, ct = -1     # (set by ordinary_rows, which gcc cannot follow)
     cdef cnp.ndarray xa
     cdef bint ordinary = (out is None and type(eps) is float and ordinary_rows(x, &t, &ct)
                           and 0.0 <= <double>eps <= DBL_MAX)
@@ -98,7 +98,7 @@ def backward(dy, x, mean, rstd, weight, dz, bint centered, str x_name="x", dx_ou
     unless centered.  x_name: x's name in error messages.  dx is dx_out
     when given (as z_out in forward).  With `partials`, dweight and dbias
     are the float64 sums, unrounded (lnfast._dask adds those of blocks)."""
-    cdef int t, ct, gt
+    cdef int t = 0, ct = -1, gt     # (t, ct: as in forward)
     cdef cnp.ndarray xa
     cdef bint ordinary = ordinary_rows(x, &t, &ct)
     if ordinary:
