@@ -35,7 +35,8 @@ for d in "$work"/debs/*.deb; do dpkg -x "$d" "$root"; done
     --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
     --platform manylinux_2_17_aarch64 --python-version 3.11 \
     --implementation cp --abi cp311 \
-    "numpy>=2.0" "ml_dtypes>=0.4" "cython>=3.1" "setuptools>=77" pytest threadpoolctl mpmath
+    "numpy>=2.0" "ml_dtypes>=0.4" "cython>=3.1" "setuptools>=77" pytest threadpoolctl mpmath \
+    pytest-xdist
 
 # The interpreter, as a script that starts qemu: the tests that run
 # sys.executable in a subprocess start it the same way (no binfmt_misc).
@@ -55,8 +56,9 @@ export PYTHONPATH=$work/lnfast/src:$site
 # by this machine's compiler, for x86-64), tests/gpu (the CUDA source), the
 # CLI's and the docs' (the same Python on every platform, and slow here:
 # they start interpreters), and the peak-memory test (it measures qemu's
-# own memory too).
-"$py" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_c_api.py \
+# own memory too). One emulated interpreter keeps one core busy: a worker
+# per core (pytest-xdist's workers start as sys.executable, this script).
+"$py" -m pytest tests -q -p no:cacheprovider -n auto --ignore=tests/test_c_api.py \
     --ignore=tests/gpu --ignore=tests/test_cli.py --ignore=tests/test_docs.py \
     --deselect tests/test_memory.py::test_a_long_16bit_row_runs_its_forward_in_little_extra_memory
 "$py" .ci/fingerprint.py > "$work/fingerprint"
