@@ -223,6 +223,26 @@ def test_vmap_over_weights(rng):
         same(y2[0][k], lnfast.add_layer_norm_forward(x[k], x[k], w[k], b[0])[0])
 
 
+def test_vmap_over_numpy_arrays_inside_a_traced_program(rng):
+    # NumPy arrays closed over, mapped by vmap inside jit, eval_shape or
+    # checkpoint, and NumPy cotangents: JAX's staging of the custom rules
+    # once refused such tracers with an AssertionError
+    x, r, dy = (data(rng, (3, 4, 8), np.float32) for _ in range(3))
+    w, b = data(rng, 8, np.float32), data(rng, 8, np.float32)
+    want = lnfast.layer_norm(x, w, b)
+    same(jax.jit(lambda: jax.vmap(lambda x: lj.layer_norm(x, w, b))(x))(), want)
+    same(jax.jit(lambda w: jax.vmap(lambda x: lj.layer_norm(x, w, b))(x))(w), want)
+    same(jax.jit(lambda: jax.vmap(lj.rms_norm)(x))(), lnfast.rms_norm(x))
+    same(jax.jit(lambda: jax.vmap(lj.add_layer_norm)(x, r))()[0],
+         lnfast.add_layer_norm_forward(x, r)[0])
+    assert jax.eval_shape(lambda: jax.vmap(lj.layer_norm)(x)).shape == x.shape
+    same(jax.checkpoint(lambda w: jax.vmap(lambda x: lj.layer_norm(x, w, b))(x))(w), want)
+    # NumPy cotangents, mapped, to each example's vjp inside jit
+    dx = jax.jit(lambda: jax.vmap(
+        lambda x, dy: jax.vjp(lambda x: lj.layer_norm(x, w, b), x)[1](dy)[0])(x, dy))()
+    same(dx, lnfast.layer_norm_backward(dy, x, *lnfast.layer_norm_forward(x, w, b)[1:], w)[0])
+
+
 # --- bad input --------------------------------------------------------------------
 
 @pytest.mark.parametrize("call, error, match", [

@@ -69,10 +69,21 @@ def _array(name, a):
     return a
 
 
+def _held(a):
+    """A tracer as one of a JAX array (jax.device_put, which adds no
+    operation to a traced program): jax.vmap over a NumPy array inside a
+    traced program (jit, eval_shape, checkpoint) gives a tracer of the raw
+    array, which the staging of custom_vjp and custom_jvp refuses with an
+    AssertionError."""
+    return jax.device_put(a) if isinstance(a, jax.core.Tracer) else a
+
+
 def _canonical(a):
     """A float64 NumPy array as JAX takes it (jnp.asarray): float32 with
-    jax_enable_x64 off, as for every jax.numpy function.  (Masked arrays
-    are left for _array to refuse.)"""
+    jax_enable_x64 off, as for every jax.numpy function; a tracer as
+    _held makes it.  (Masked arrays are left for _array to refuse.)"""
+    if isinstance(a, jax.core.Tracer):
+        return _held(a)
     if isinstance(a, np.ndarray) and a.dtype == np.float64 and not isinstance(a, np.ma.MaskedArray):
         return jnp.asarray(a)
     return a
@@ -165,6 +176,7 @@ def _first_order(call, *arrays):
     without custom_jvp's cost per eager call.)"""
     if not any(isinstance(a, jax.core.Tracer) for a in arrays):
         return call(*arrays)
+    arrays = [_held(a) for a in arrays]     # (a cotangent may be one of NumPy's)
     f = jax.custom_jvp(call)
 
     @f.defjvp
