@@ -176,7 +176,7 @@ def _first_order(call, *arrays):
     without custom_jvp's cost per eager call.)"""
     if not any(isinstance(a, jax.core.Tracer) for a in arrays):
         return call(*arrays)
-    arrays = [_held(a) for a in arrays]     # (a cotangent may be one of NumPy's)
+    arrays = tuple(_held(a) for a in arrays)     # (a cotangent may be one of NumPy's)
     f = jax.custom_jvp(call)
 
     @f.defjvp
