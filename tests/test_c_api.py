@@ -65,7 +65,7 @@ def kernels(tmp_path_factory):
         return str(obj)
 
     jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    with concurrent.futures.ThreadPoolExecutor(max(1, jobs or 1)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(jobs or 1) as pool:
         # (rows_* first: they take the longest, and the last to start
         # should be short)
         objects = list(pool.map(compile_one, sorted(CPU.glob("*.c"), reverse=True)))
