@@ -190,6 +190,62 @@ def test_non_contiguous_and_read_only_inputs(gen):
     torch.testing.assert_close(lt.rms_norm(xs, xs.shape[-1:]), F.rms_norm(xs, xs.shape[-1:]))
 
 
+def _row_views(gen, dtype):
+    """(name, tensor, normalized_shape): layouts whose rows are adjacent
+    elements far apart, which the kernels take where they lie."""
+    qkv = randn(gen, 3, 5, 96, dtype=dtype)
+    return [("a slice of each row (a split qkv)", qkv[..., 32:64], (32,)),
+            ("transposed leading axes", randn(gen, 5, 3, 32, dtype=dtype).transpose(0, 1),
+             (32,)),
+            ("every other row", randn(gen, 12, 32, dtype=dtype)[::2], (32,)),
+            ("two axes, leading transposed",
+             randn(gen, 3, 4, 5, 8, dtype=dtype).transpose(0, 1), (5, 8)),
+            ("expanded rows", randn(gen, 1, 32, dtype=dtype).expand(6, 32), (32,))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("view", range(5))
+def test_rows_far_apart_give_the_bits_of_a_contiguous_copy(gen, dtype, view):
+    # (docs/torch.md: no copy of such rows, on the C++ and the Python paths)
+    name, x, norm = _row_views(gen, dtype)[view]
+    assert not x.is_contiguous(), name
+    w, b = randn(gen, *norm, dtype=dtype), randn(gen, *norm, dtype=dtype)
+    residual = randn(gen, *x.shape, dtype=dtype)
+    calls = [lambda x, r: lt.layer_norm(x, norm, w, b), lambda x, r: lt.rms_norm(x, norm, w),
+             lambda x, r: lt.add_layer_norm(x, r, norm, w, b),
+             lambda x, r: lt.add_layer_norm(r, x, norm, w, b)]
+    for fn in calls:
+        results = []
+        for xi in (x, x.contiguous()):
+            xi, ri = xi.detach().requires_grad_(), residual.clone().requires_grad_()
+            out = fn(xi, ri)
+            out = out if isinstance(out, tuple) else (out,)
+            douts = [torch.ones_like(o) + o.detach() for o in out]
+            results.append([o.detach() for o in out]
+                           + list(torch.autograd.grad(out, (xi, ri), douts, allow_unused=True)))
+        for got, want in zip(*results):
+            assert (got is None) == (want is None), name
+            assert got is None or torch.equal(got, want), name
+        with torch.no_grad():
+            out = fn(x, residual)
+            for got, want in zip(out if isinstance(out, tuple) else (out,), results[0]):
+                assert torch.equal(got, want), name
+
+
+def test_rows_far_apart_are_not_copied(gen):
+    qkv = randn(gen, 64, 3 * 256, dtype=torch.float32)
+    x = qkv[:, 256:512].requires_grad_()
+    assert lt._rows(x, 1).ctypes.data == x.data_ptr()
+    assert lt._rows(x.t(), 1).ctypes.data != x.data_ptr()      # elements far apart: copied
+    if lt._EXT is None:
+        return
+    with torch.profiler.profile() as prof:
+        lt.layer_norm(x, 256).backward(torch.ones(64, 256))
+    copies = [e.name for e in prof.events() if e.name in ("aten::clone", "aten::contiguous",
+                                                           "aten::copy_")]
+    assert not copies, copies
+
+
 def test_inputs_unchanged(gen):
     x = randn(gen, 9, 16, dtype=torch.float32, grad=True)
     w, b = randn(gen, 16, dtype=torch.float32, grad=True), randn(gen, 16, dtype=torch.float32)

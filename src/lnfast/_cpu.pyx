@@ -78,6 +78,10 @@ cdef extern from *:
 
 lnf_select(LNF_BEST)
 
+# The leading axes an lnf_array holds apart (more must merge), for
+# lnfast.torch, whose C++ kernels describe tensors with the same rule.
+MAX_LEAD = LNF_MAX_LEAD
+
 
 # ---------------------------------------------------------------------------
 # The build, and hooks for tests and benchmarks.

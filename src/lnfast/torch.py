@@ -44,6 +44,7 @@ from lnfast import _build, _checks, _cpu, _pool, _threads
 __all__ = ["LayerNorm", "RMSNorm", "add_layer_norm", "layer_norm", "replace_norms", "rms_norm"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_MAX_LEAD = _cpu.MAX_LEAD
 
 
 class _ValueError(ValueError, RuntimeError):
@@ -73,12 +74,23 @@ def _array(t):
         return t.resolve_neg().numpy()
 
 
-def _rows(t):
-    """x, residual, dy or dz as an array for the kernels: on the CPU
-    contiguous, copied where not, as the C++ kernels take them, so that the
-    two give the same bits (a strided layout may choose other kernels:
-    docs/api.md, "Axes")."""
-    return None if t is None else _array(t if t.is_cuda else t.contiguous())
+def _rows(t, k):
+    """x, residual, dy or dz as an array for the kernels over its last k
+    axes.  On the CPU as the C++ kernels take them (as_rows), so that the
+    two give the same bits: where it lies when those axes' elements are
+    adjacent (whatever the leading axes' strides: the row kernels, the bits
+    of a contiguous copy), else copied contiguous (strided elements would
+    choose other kernels, and other bits: docs/api.md, "Axes")."""
+    if t is None:
+        return None
+    if t.is_cuda or t.dim() - k > _MAX_LEAD:
+        return _array(t if t.is_cuda else t.contiguous())
+    n = 1
+    for d in range(t.dim() - 1, t.dim() - k - 1, -1):
+        if t.shape[d] != 1 and t.stride(d) != n:
+            return _array(t.contiguous())
+        n *= t.shape[d]
+    return _array(t)
 
 
 def _tensor(a):
@@ -154,8 +166,8 @@ def _or_empty(a, like, dtype):
 def _norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
              bias: Optional[torch.Tensor], k: int, eps: float,
              centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, z, mean, rstd = _on_stream(x, _forward, _rows(x), _rows(residual), _array(weight),
-                                  _array(bias), k, eps, centered)
+    y, z, mean, rstd = _on_stream(x, _forward, _rows(x, k), _rows(residual, k),
+                                  _array(weight), _array(bias), k, eps, centered)
     stats = _compute_dtype(x.dtype)
     return (_tensor(y), _or_empty(z, x, x.dtype), _or_empty(mean, x, stats), _tensor(rstd))
 
@@ -174,9 +186,9 @@ def _(x, residual, weight, bias, k, eps, centered):
 def _norm_backward_op(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                       weight: Optional[torch.Tensor], dz: Optional[torch.Tensor], k: int,
                       centered: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = _on_stream(x, _backward, _rows(dy), _rows(x),
+    dx, dw, db = _on_stream(x, _backward, _rows(dy, k), _rows(x, k),
                             _array(mean) if centered else None, _array(rstd), _array(weight),
-                            _rows(dz), k, centered)
+                            _rows(dz, k), k, centered)
     dw = _tensor(dw)
     return _tensor(dx), dw, _or_empty(db, x, dw.dtype)
 
@@ -392,8 +404,8 @@ class _Norm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, k, eps, centered):
-        xa, wa = _rows(x), _array(weight)
-        y, z, mean, rstd = _on_stream(x, _forward, xa, _rows(residual), wa, _array(bias), k,
+        xa, wa = _rows(x, k), _array(weight)
+        y, z, mean, rstd = _on_stream(x, _forward, xa, _rows(residual, k), wa, _array(bias), k,
                                       eps, centered)
         _remember(ctx, residual, weight, bias, k, centered)
         if residual is not None:
@@ -423,8 +435,8 @@ class _Norm(torch.autograd.Function):
             stats = _compute_dtype(src.dtype)
             return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
                              weight)
-        dx, dw, db = _on_stream(src, _backward, _rows(dy), srca, mean, rstd, wa, _rows(dz),
-                                ctx.k, ctx.centered)
+        dx, dw, db = _on_stream(src, _backward, _rows(dy, ctx.k), srca, mean, rstd, wa,
+                                _rows(dz, ctx.k), ctx.k, ctx.centered)
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
 
@@ -502,8 +514,8 @@ def _apply(x, residual, weight, bias, k, eps, centered):
             or (bias is not None and bias.requires_grad)):
         # (autograd.Function.apply, less its Python preamble for functorch)
         return _norm_apply(x, residual, weight, bias, k, eps, centered)
-    y, z = _on_stream(x, _forward, _rows(x), _rows(residual), _array(weight), _array(bias), k,
-                      eps, centered, False)[:2]
+    y, z = _on_stream(x, _forward, _rows(x, k), _rows(residual, k), _array(weight),
+                      _array(bias), k, eps, centered, False)[:2]
     return _tensor(y), None if z is None else _tensor(z)
 
 

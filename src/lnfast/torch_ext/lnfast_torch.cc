@@ -14,10 +14,10 @@
 // (lnfast._threads.threads_for, asked per call with the GIL taken, so
 // that the count is decided in one place).
 //
-// The kernels take any strides (a non-contiguous tensor is copied first)
-// and compute what the Python kernels compute, to the bit: the same C
-// calls on the same rows, dweight and dbias summed in float64 and rounded
-// once to the weight's dtype.
+// The kernels take any strides (rows whose elements are not adjacent are
+// copied first: as_rows) and compute what the Python kernels compute, to
+// the bit: the same C calls on the same rows, dweight and dbias summed in
+// float64 and rounded once to the weight's dtype.
 #include <Python.h>
 
 // (the few ATen headers used, not ATen.h: a third less time to compile)
@@ -131,13 +131,21 @@ Tensor output(at::IntArrayRef sizes, at::ScalarType t)
                          at::TensorOptions().dtype(t));
 }
 
-// Rows (M, D) of a contiguous tensor.
-void rows(lnf_array *a, const Tensor &t, int64_t M, int64_t D)
+// The rows of D elements over the last k axes of t, whose elements are
+// adjacent (as_rows), its leading axes with their own strides.
+void rows(lnf_array *a, const Tensor &t, int64_t k, int64_t D)
 {
     int dt = lnf_type(t.scalar_type());
-    ptrdiff_t shape[2] = {(ptrdiff_t)M, (ptrdiff_t)D};
-    ptrdiff_t strides[2] = {(ptrdiff_t)(D * t.element_size()), (ptrdiff_t)t.element_size()};
-    TORCH_CHECK(dt >= 0 && array_init(a, t.data_ptr(), dt, 2, shape, strides) == LNF_OK,
+    int64_t lead = t.dim() - k;
+    std::vector<ptrdiff_t> shape(lead + 1), strides(lead + 1);
+    for (int64_t d = 0; d < lead; d++) {
+        shape[d] = (ptrdiff_t)t.size(d);
+        strides[d] = (ptrdiff_t)(t.stride(d) * t.element_size());
+    }
+    shape[lead] = (ptrdiff_t)D;
+    strides[lead] = (ptrdiff_t)t.element_size();
+    TORCH_CHECK(dt >= 0 && array_init(a, t.data_ptr(), dt, (int)lead + 1, shape.data(),
+                                      strides.data()) == LNF_OK,
                 "lnfast: cannot describe a tensor of ", t.scalar_type());
 }
 
@@ -167,13 +175,29 @@ Tensor param(const optional<Tensor> &p, const Tensor &x, int64_t k, at::ScalarTy
     return aligned((kept ? *p : p->to(ct)).contiguous());
 }
 
-// A tensor of x's shape and dtype (`name`), contiguous and aligned.
-Tensor like_x(const Tensor &t, const Tensor &x, const char *name)
+// t as the kernels take its rows over the last k axes, aligned: where it
+// lies when their elements are adjacent (the last k axes merge into one
+// contiguous axis, whatever the leading axes' strides: the row kernels,
+// which give such rows the bits of a contiguous copy, docs/api.md "Axes"),
+// else a contiguous copy (the elements of strided rows would choose other
+// kernels, and other bits); lnfast.torch._rows' rule.
+Tensor as_rows(const Tensor &t, int64_t k)
+{
+    bool adjacent = t.dim() - k <= LNF_MAX_LEAD;
+    for (int64_t d = t.dim() - 1, n = 1; d >= t.dim() - k && adjacent; d--) {
+        adjacent = t.size(d) == 1 || t.stride(d) == n;
+        n *= t.size(d);
+    }
+    return aligned(adjacent ? t : t.contiguous());
+}
+
+// A tensor of x's shape and dtype (`name`), as the kernels take it (as_rows).
+Tensor like_x(const Tensor &t, const Tensor &x, int64_t k, const char *name)
 {
     TORCH_CHECK_VALUE(t.sizes() == x.sizes() && t.scalar_type() == x.scalar_type(), name,
                       " must have x's shape and dtype (", x.sizes(), ", ", x.scalar_type(),
                       "), got (", t.sizes(), ", ", t.scalar_type(), ")");
-    return aligned(t.contiguous());
+    return as_rows(t, k);
 }
 
 void check(int status, const char *what)
@@ -199,14 +223,14 @@ norm_cpu(const Tensor &x_, const optional<Tensor> &residual, const optional<Tens
          const optional<Tensor> &bias, c10::SymInt k_, double eps, bool centered)
 {
     TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, "eps must be finite and >= 0, got ", eps);
-    Tensor x = aligned(x_.contiguous());
     int64_t k = k_.expect_int();
-    auto [M, D] = shape(x, k);
+    auto [M, D] = shape(x_, k);
+    Tensor x = as_rows(x_, k);
     at::ScalarType ct = compute_type(x.scalar_type());
     at::IntArrayRef lead = x.sizes().slice(0, x.dim() - k);
     bool fused = residual.has_value();
     TORCH_CHECK_VALUE(!fused || centered, "residual: the fused step is LayerNorm (centered)");
-    Tensor r = fused ? like_x(*residual, x, "residual") : Tensor();
+    Tensor r = fused ? like_x(*residual, x, k, "residual") : Tensor();
     Tensor y = output(x.sizes(), x.scalar_type());
     Tensor z = fused ? output(x.sizes(), x.scalar_type()) : x.new_empty({0});
     Tensor mean = centered ? output(lead, ct) : x.new_empty({0}, ct);
@@ -217,11 +241,11 @@ norm_cpu(const Tensor &x_, const optional<Tensor> &residual, const optional<Tens
         return {y, z, mean, rstd};
     lnf_forward_args a;
     std::memset(&a, 0, sizeof a);
-    rows(&a.x, x, M, D);
-    rows(&a.y, y, M, D);
+    rows(&a.x, x, k, D);
+    rows(&a.y, y, k, D);
     if (fused) {
-        rows(&a.residual, r, M, D);
-        rows(&a.z, z, M, D);
+        rows(&a.residual, r, k, D);
+        rows(&a.z, z, k, D);
     }
     vector(&a.weight, w);
     if (centered)
@@ -251,12 +275,13 @@ norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, cons
                   const optional<Tensor> &weight, const optional<Tensor> &dz_, c10::SymInt k_,
                   bool centered)
 {
-    Tensor x = aligned(x_.contiguous());
     int64_t k = k_.expect_int();
-    auto [M, D] = shape(x, k);
+    auto [M, D] = shape(x_, k);
+    Tensor x = as_rows(x_, k);
     at::ScalarType ct = compute_type(x.scalar_type());
     at::ScalarType gt = weight.has_value() ? weight->scalar_type() : ct;   // dweight's dtype
-    Tensor dy = like_x(dy_, x, "dy"), dz = dz_.has_value() ? like_x(*dz_, x, "dz") : Tensor();
+    Tensor dy = like_x(dy_, x, k, "dy");
+    Tensor dz = dz_.has_value() ? like_x(*dz_, x, k, "dz") : Tensor();
     // (.to() only where needed: a no-op .to() is a dispatched call too)
     Tensor rstd = aligned((rstd_.scalar_type() == ct ? rstd_ : rstd_.to(ct)).contiguous());
     Tensor mean = !centered                   ? Tensor()
@@ -272,11 +297,11 @@ norm_backward_cpu(const Tensor &dy_, const Tensor &x_, const Tensor &mean_, cons
     if (M > 0) {
         lnf_backward_args a;
         std::memset(&a, 0, sizeof a);
-        rows(&a.x, x, M, D);
-        rows(&a.dy, dy, M, D);
-        rows(&a.dx, dx, M, D);
+        rows(&a.x, x, k, D);
+        rows(&a.dy, dy, k, D);
+        rows(&a.dx, dx, k, D);
         if (dz.defined())
-            rows(&a.dz, dz, M, D);
+            rows(&a.dz, dz, k, D);
         vector(&a.weight, w);
         a.mean = centered ? mean.data_ptr() : nullptr;
         a.rstd = rstd.data_ptr();
