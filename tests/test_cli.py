@@ -170,6 +170,10 @@ def test_check_refuses_a_negative_seed():
 def test_bench_says_when_shapes_do_not_fit_in_memory():
     p = run("bench", "--shapes", "1000000x1000000", "--dtypes", "float32", "--no-numpy")
     assert p.returncode == 1 and "not enough memory" in p.stderr and "Traceback" not in p.stderr
+    # past any address space: refused as argparse refuses a bad value
+    p = run("bench", "--shapes", "99999999999x99999999999", "--no-numpy")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "usage:" in p.stderr
+    assert "more elements than a process can address" in p.stderr
 
 
 def test_a_bad_cache_limit_names_the_variable():

@@ -183,6 +183,9 @@ def _shape(text):
     if m < 1 or d < 1:
         raise argparse.ArgumentTypeError(f"expected MxD of positive integers such as "
                                          f"8192x1024, got {text!r}")
+    if m * d > sys.maxsize // 8:        # (no array of them, of any dtype, can exist)
+        raise argparse.ArgumentTypeError(f"{text!r} has more elements than a process can "
+                                         f"address")
     return m, d
 
 
