@@ -569,6 +569,45 @@ def test_modules_script_with_torch_jit(gen):
             scripted(randn(gen, 4, 9, dtype=torch.float32))
 
 
+def test_scripted_rms_norm_takes_a_weight_of_any_dtype(gen):
+    # (as rms_norm does: one of another dtype than input's and float32 is
+    # taken in input's dtype, float32 for 16-bit input)
+    for wdt in DTYPES:
+        m = lt.RMSNorm(8).to(wdt)
+        with torch.no_grad():
+            m.weight.copy_(randn(gen, 8))
+        scripted = torch.jit.script(m)
+        for xdt in DTYPES:
+            x = randn(gen, 4, 8, dtype=xdt, grad=True)
+            want, got = m(x), scripted(x)
+            assert got.dtype == want.dtype == xdt and torch.equal(got, want), (wdt, xdt)
+            for a, b in zip(torch.autograd.grad(got.sum(), (x, m.weight)),
+                            torch.autograd.grad(want.sum(), (x, m.weight))):
+                assert a.dtype == b.dtype and torch.equal(a, b), (wdt, xdt)
+
+
+def test_parameters_on_another_device_are_refused_when_scripted_and_by_the_operators():
+    # (a module whose parameters were left on meta, fed a CPU input: an
+    # error naming the argument, as in eager mode, never empty results)
+    x = torch.randn(2, 8)
+    for m in (lt.LayerNorm(8, device="meta"), lt.RMSNorm(8, device="meta")):
+        with pytest.raises(ValueError, match="weight must be on input's device"):
+            m(x)
+        with pytest.raises(RuntimeError, match="weight must be on x.s device"):
+            torch.jit.script(m)(x)
+    meta = {"device": "meta"}
+    with pytest.raises(ValueError, match="weight must be on x's device"):
+        torch.ops.lnfast.norm(x, None, torch.ones(8, **meta), None, 1, 1e-5, True)
+    with pytest.raises(ValueError, match="residual must be on x's device"):
+        torch.ops.lnfast.norm(x, torch.ones(2, 8, **meta), None, None, 1, 1e-5, True)
+    with pytest.raises(ValueError, match="mean must be on x's device"):
+        torch.ops.lnfast.norm_backward(x, x, torch.zeros(2, **meta), torch.ones(2), None, None,
+                                       1, True)
+    with pytest.raises(ValueError, match="dy must be on x's device"):
+        torch.ops.lnfast.norm_backward(x.to("meta"), x, torch.zeros(2), torch.ones(2), None,
+                                       None, 1, True)
+
+
 def test_meta_tensors_give_meta_results_of_the_right_shape():
     x = torch.randn(4, 3, 8, device="meta", requires_grad=True)
     for m in (lt.LayerNorm((3, 8), device="meta"), lt.RMSNorm(8, device="meta")):
@@ -665,6 +704,29 @@ def test_torch_func_transforms(gen):
     # a gradient of a gradient stays an error
     with pytest.raises(RuntimeError, match="derivative for lnfast::norm_backward is not impl"):
         torch.func.grad(lambda x: torch.func.grad(loss, argnums=2)(w, b, x).sum())(x)
+
+
+def test_torch_func_transforms_over_an_empty_batch(gen):
+    # (torch.nn.functional's shapes: a mapped weight and the backward map
+    # each entry, of which there are none)
+    w, b = randn(gen, 6), randn(gen, 6)
+    x, W, r = (torch.zeros(*shape, dtype=torch.float64) for shape in ((0, 3, 6), (0, 6),
+                                                                      (0, 3, 6)))
+    vmap, grad = torch.func.vmap, torch.func.grad
+    cases = [(lambda x, w: lt.layer_norm(x, (6,), w), lambda x, w: F.layer_norm(x, (6,), w)),
+             (lambda x, w: lt.rms_norm(x, (6,), w), lambda x, w: F.rms_norm(x, (6,), w))]
+    for ours, theirs in cases:
+        assert vmap(ours)(x, W).shape == vmap(theirs)(x, W).shape == (0, 3, 6)
+        got = vmap(grad(lambda x, w: ours(x, w).square().sum(), argnums=(0, 1)))(x, W)
+        want = vmap(grad(lambda x, w: theirs(x, w).square().sum(), argnums=(0, 1)))(x, W)
+        assert [g.shape for g in got] == [e.shape for e in want] == [(0, 3, 6), (0, 6)]
+        jac = torch.func.jacrev(lambda x: ours(x, w))(W)
+        assert jac.shape == torch.func.jacrev(lambda x: theirs(x, w))(W).shape == (0, 6, 0, 6)
+    y, z = vmap(lambda x, r, w: lt.add_layer_norm(x, r, 6, w, b))(x, r, W)
+    assert y.shape == z.shape == (0, 3, 6)
+    got = vmap(grad(lambda x, r: lt.add_layer_norm(x, r, 6, w, b)[0].square().sum(),
+                    argnums=(0, 1)))(x, r)
+    assert [g.shape for g in got] == [(0, 3, 6), (0, 3, 6)]
 
 
 def test_torch_func_with_tensor_subclasses_and_meta_tensors(gen):

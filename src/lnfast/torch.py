@@ -172,8 +172,19 @@ def _norm_op(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional
     return (_tensor(y), _or_empty(z, x, x.dtype), _or_empty(mean, x, stats), _tensor(rstd))
 
 
+def _on_device_of(x, **tensors):
+    """The operators' check that every tensor given is on x's device (where
+    the modules' scripted forward calls them, a meta parameter with a CPU
+    input would otherwise choose the fake kernel, whose results are empty
+    tensors, not an error)."""
+    for name, t in tensors.items():
+        if t is not None and t.device != x.device:
+            raise _ValueError(f"{name} must be on x's device ({x.device}), got {t.device}")
+
+
 @_norm_op.register_fake
 def _(x, residual, weight, bias, k, eps, centered):
+    _on_device_of(x, residual=residual, weight=weight, bias=bias)
     lead = x.shape[:x.dim() - k]
     stats = _compute_dtype(x.dtype)
     y = x.new_empty(x.shape)
@@ -195,6 +206,7 @@ def _norm_backward_op(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rst
 
 @_norm_backward_op.register_fake
 def _(dy, x, mean, rstd, weight, dz, k, centered):
+    _on_device_of(x, dy=dy, mean=mean, rstd=rstd, weight=weight, dz=dz)
     norm = x.shape[x.dim() - k:]
     grads = _compute_dtype(x.dtype) if weight is None else weight.dtype
     db = x.new_empty(norm, dtype=grads) if centered else x.new_empty(0, dtype=grads)
@@ -299,13 +311,25 @@ _NORM_BACKWARD = torch.ops.lnfast.norm_backward.default
 # --- torch.func.vmap -------------------------------------------------------------
 
 def _entry(t, d, i):
-    """Entry i of t's mapped dimension d (t itself where it has none)."""
-    return t if t is None or d is None else t.select(d, i)
+    """Entry i of t's mapped dimension d (t itself where it has none); for
+    i None, zeros of an entry's shape."""
+    if t is None or d is None:
+        return t
+    if i is None:
+        shape = list(t.shape)
+        del shape[d]
+        return t.new_zeros(shape)
+    return t.select(d, i)
 
 
 def _per_entry(op, info, in_dims, tensors, *rest):
     """op called on each entry of the mapped dimension, results stacked
-    (each entry's own sums: dweight and dbias, a mapped weight)."""
+    (each entry's own sums: dweight and dbias, a mapped weight); of no
+    entries, empty results of an entry's shapes (op called once on zeros
+    for them)."""
+    if info.batch_size == 0:
+        outs = op(*(_entry(t, d, None) for t, d in zip(tensors, in_dims)), *rest)
+        return tuple(o.new_empty((0, *o.shape)) for o in outs)
     outs = [op(*(_entry(t, d, i) for t, d in zip(tensors, in_dims)), *rest)
             for i in range(info.batch_size)]
     return tuple(torch.stack(o) for o in zip(*outs))
@@ -324,8 +348,9 @@ def _norm_vmap(info, in_dims, x, residual, weight, bias, k, eps, centered):
     else:
         y, z, mean, rstd = _per_entry(_NORM, info, dims, (x, residual, weight, bias), k, eps,
                                       centered)
-        z, mean = z if residual is not None else z[0], mean if centered else mean[0]
-    # (z and mean stand empty for no residual and RMSNorm: not mapped)
+        # (z and mean stand empty for no residual and RMSNorm: not mapped)
+        z = z if residual is not None else z.new_empty(z.shape[1:])
+        mean = mean if centered else mean.new_empty(mean.shape[1:])
     return (y, z, mean, rstd), (0, 0 if residual is not None else None,
                                 0 if centered else None, 0)
 
@@ -862,7 +887,11 @@ class RMSNorm(torch.nn.RMSNorm):
             eps = self.eps
             if eps is None:         # (_default_rms_eps)
                 eps = 2.220446049250313e-16 if input.dtype == torch.float64 else 1.1920928955078125e-07
-            return torch.ops.lnfast.norm(input, None, self.weight, None,
+            weight = self.weight        # (of another dtype: rms_norm's conversion)
+            if weight is not None and weight.dtype not in (input.dtype, torch.float32):
+                weight = weight.to(torch.float64 if input.dtype == torch.float64
+                                   else torch.float32)
+            return torch.ops.lnfast.norm(input, None, weight, None,
                                          len(self.normalized_shape), eps, False)[0]
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
