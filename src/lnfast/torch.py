@@ -887,7 +887,7 @@ class RMSNorm(torch.nn.RMSNorm):
             eps = self.eps
             if eps is None:         # (_default_rms_eps)
                 eps = 2.220446049250313e-16 if input.dtype == torch.float64 else 1.1920928955078125e-07
-            weight = self.weight        # (of another dtype: rms_norm's conversion)
+            weight: Optional[torch.Tensor] = self.weight  # (rms_norm's conversion)
             if weight is not None and weight.dtype not in (input.dtype, torch.float32):
                 weight = weight.to(torch.float64 if input.dtype == torch.float64
                                    else torch.float32)
