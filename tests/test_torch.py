@@ -246,6 +246,37 @@ def test_rows_far_apart_are_not_copied(gen):
     assert not copies, copies
 
 
+@pytest.mark.parametrize("fn", ["layer_norm", "rms_norm", "add_layer_norm"])
+def test_saved_tensor_hooks_see_all_the_backward_keeps(gen, fn):
+    # (so that activation checkpointing and offloading can free it: under
+    # hooks that keep copies, nothing holds the norm's input but what holds
+    # it under torch.nn's; the gradients are those without hooks)
+    x = randn(gen, 64, 32, dtype=torch.float32, grad=True)
+    w, b = randn(gen, 32, dtype=torch.float32, grad=True), randn(gen, 32, dtype=torch.float32)
+    calls = {"layer_norm": (lambda t: lt.layer_norm(t, 32, w, b),
+                            lambda t: F.layer_norm(t, (32,), w, b)),
+             "rms_norm": (lambda t: lt.rms_norm(t, 32, w), lambda t: F.rms_norm(t, (32,), w)),
+             "add_layer_norm": (lambda t: lt.add_layer_norm(t, t.flip(0), 32, w, b)[0],
+                                lambda t: F.layer_norm(t + t.flip(0), (32,), w, b))}[fn]
+    kept = []
+
+    def pack(t):
+        kept.append(t.detach().clone())
+        return len(kept) - 1
+
+    holders = []
+    for call in calls:
+        with torch.autograd.graph.saved_tensors_hooks(pack, kept.__getitem__):
+            t = x * 2
+            y = call(t)
+        holders.append(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+        got = torch.autograd.grad(y.square().sum(), (x, w))
+        want = torch.autograd.grad(call(x * 2).square().sum(), (x, w))
+        for g, e in zip(got, want):
+            assert torch.equal(g, e)
+    assert holders[0] == holders[1], holders
+
+
 def test_inputs_unchanged(gen):
     x = randn(gen, 9, 16, dtype=torch.float32, grad=True)
     w, b = randn(gen, 16, dtype=torch.float32, grad=True), randn(gen, 16, dtype=torch.float32)

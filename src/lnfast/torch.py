@@ -422,32 +422,29 @@ def _eager(x, normalized_shape, residual, weight, bias, eps, mode):
 # --- the eager path ------------------------------------------------------------
 
 class _Norm(torch.autograd.Function):
-    """What _norm_op does, without the custom operators' dispatch; mean and
-    rstd stay arrays, and the arrays of x (or z) and weight are kept for the
-    backward (the tensors are saved too, for autograd's check that they
-    were not changed in place meanwhile)."""
+    """What _norm_op does, without the custom operators' dispatch.  All the
+    backward reads is saved as tensors (x or z, mean, rstd, weight), so that
+    saved-tensor hooks (activation checkpointing, offloading) hold all of
+    it, and autograd checks that none was changed in place meanwhile."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, k, eps, centered):
-        xa, wa = _rows(x, k), _array(weight)
-        y, z, mean, rstd = _on_stream(x, _forward, xa, _rows(residual, k), wa, _array(bias), k,
-                                      eps, centered)
+        y, z, mean, rstd = _on_stream(x, _forward, _rows(x, k), _rows(residual, k),
+                                      _array(weight), _array(bias), k, eps, centered)
         _remember(ctx, residual, weight, bias, k, centered)
+        mean, rstd = None if mean is None else _tensor(mean), _tensor(rstd)
         if residual is not None:
             zt = _tensor(z)
             _z_without_gradient(ctx, zt)
-            ctx.save_for_backward(zt, weight)
-            ctx.arrays = (z, wa, mean, rstd)
+            ctx.save_for_backward(zt, mean, rstd, weight)
             return _tensor(y), zt
-        ctx.save_for_backward(x, weight)
-        ctx.arrays = (xa, wa, mean, rstd)
+        ctx.save_for_backward(x, mean, rstd, weight)
         return _tensor(y), None
 
     @staticmethod
     def backward(ctx, dy, dz):
-        src, weight = ctx.saved_tensors
+        src, mean, rstd, weight = ctx.saved_tensors
         dy, dz = _incoming(src, dy, dz, ctx.fused)
-        srca, wa, mean, rstd = ctx.arrays
         if (torch.is_grad_enabled() or _bias_apart(ctx, weight, src)
                 or torch._C._are_functorch_transforms_active() or _batched(dy)
                 or _batched(dz)):
@@ -457,11 +454,12 @@ class _Norm(torch.autograd.Function):
             # than dweight's too: _op_grads' second pass; and batched
             # gradients, of is_grads_batched or of vmap over autograd.grad:
             # its batching rule or PyTorch's loop over the batch.)
-            stats = _compute_dtype(src.dtype)
-            return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
-                             weight)
-        dx, dw, db = _on_stream(src, _backward, _rows(dy, ctx.k), srca, mean, rstd, wa,
-                                _rows(dz, ctx.k), ctx.k, ctx.centered)
+            if mean is None:
+                mean = src.new_empty(0, dtype=_compute_dtype(src.dtype))
+            return _op_grads(ctx, dy, dz, src, mean, rstd, weight)
+        dx, dw, db = _on_stream(src, _backward, _rows(dy, ctx.k), _rows(src, ctx.k),
+                                _array(mean), _array(rstd), _array(weight), _rows(dz, ctx.k),
+                                ctx.k, ctx.centered)
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
 
