@@ -83,8 +83,10 @@ def _rows(t, k):
     choose other kernels, and other bits: docs/api.md, "Axes")."""
     if t is None:
         return None
-    if t.is_cuda or t.dim() - k > _MAX_LEAD:
-        return _array(t if t.is_cuda else t.contiguous())
+    if t.is_cuda or t.is_contiguous():
+        return _array(t)
+    if t.dim() - k > _MAX_LEAD:
+        return _array(t.contiguous())
     n = 1
     for d in range(t.dim() - 1, t.dim() - k - 1, -1):
         if t.shape[d] != 1 and t.stride(d) != n:
@@ -422,29 +424,31 @@ def _eager(x, normalized_shape, residual, weight, bias, eps, mode):
 # --- the eager path ------------------------------------------------------------
 
 class _Norm(torch.autograd.Function):
-    """What _norm_op does, without the custom operators' dispatch.  All the
-    backward reads is saved as tensors (x or z, mean, rstd, weight), so that
-    saved-tensor hooks (activation checkpointing, offloading) hold all of
-    it, and autograd checks that none was changed in place meanwhile."""
+    """What _norm_op does, without the custom operators' dispatch.  x (or z)
+    and the weight are saved as tensors, so that saved-tensor hooks
+    (activation checkpointing, offloading) hold them, and autograd checks
+    that neither was changed in place meanwhile; the statistics, a value
+    per row, stay arrays beside them (the cheapest per call)."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, k, eps, centered):
         y, z, mean, rstd = _on_stream(x, _forward, _rows(x, k), _rows(residual, k),
                                       _array(weight), _array(bias), k, eps, centered)
         _remember(ctx, residual, weight, bias, k, centered)
-        mean, rstd = None if mean is None else _tensor(mean), _tensor(rstd)
+        ctx.stats = mean, rstd
         if residual is not None:
             zt = _tensor(z)
             _z_without_gradient(ctx, zt)
-            ctx.save_for_backward(zt, mean, rstd, weight)
+            ctx.save_for_backward(zt, weight)
             return _tensor(y), zt
-        ctx.save_for_backward(x, mean, rstd, weight)
+        ctx.save_for_backward(x, weight)
         return _tensor(y), None
 
     @staticmethod
     def backward(ctx, dy, dz):
-        src, mean, rstd, weight = ctx.saved_tensors
+        src, weight = ctx.saved_tensors
         dy, dz = _incoming(src, dy, dz, ctx.fused)
+        mean, rstd = ctx.stats
         if (torch.is_grad_enabled() or _bias_apart(ctx, weight, src)
                 or torch._C._are_functorch_transforms_active() or _batched(dy)
                 or _batched(dz)):
@@ -454,12 +458,11 @@ class _Norm(torch.autograd.Function):
             # than dweight's too: _op_grads' second pass; and batched
             # gradients, of is_grads_batched or of vmap over autograd.grad:
             # its batching rule or PyTorch's loop over the batch.)
-            if mean is None:
-                mean = src.new_empty(0, dtype=_compute_dtype(src.dtype))
-            return _op_grads(ctx, dy, dz, src, mean, rstd, weight)
-        dx, dw, db = _on_stream(src, _backward, _rows(dy, ctx.k), _rows(src, ctx.k),
-                                _array(mean), _array(rstd), _array(weight), _rows(dz, ctx.k),
-                                ctx.k, ctx.centered)
+            stats = _compute_dtype(src.dtype)
+            return _op_grads(ctx, dy, dz, src, _or_empty(mean, src, stats), _tensor(rstd),
+                             weight)
+        dx, dw, db = _on_stream(src, _backward, _rows(dy, ctx.k), _rows(src, ctx.k), mean, rstd,
+                                _array(weight), _rows(dz, ctx.k), ctx.k, ctx.centered)
         return _needed(ctx, _tensor(dx), _tensor(dw), None if db is None else _tensor(db))
 
 
