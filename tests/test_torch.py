@@ -191,8 +191,9 @@ def test_non_contiguous_and_read_only_inputs(gen):
 
 
 def _row_views(gen, dtype):
-    """(name, tensor, normalized_shape): layouts whose rows are adjacent
-    elements far apart, which the kernels take where they lie."""
+    """(name, tensor, normalized_shape): layouts whose rows are runs of
+    adjacent elements, the rows themselves strided, which the kernels take
+    where they lie."""
     qkv = randn(gen, 3, 5, 96, dtype=dtype)
     return [("a slice of each row (a split qkv)", qkv[..., 32:64], (32,)),
             ("transposed leading axes", randn(gen, 5, 3, 32, dtype=dtype).transpose(0, 1),
@@ -205,7 +206,7 @@ def _row_views(gen, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("view", range(5))
-def test_rows_far_apart_give_the_bits_of_a_contiguous_copy(gen, dtype, view):
+def test_strided_rows_of_adjacent_elements_give_a_contiguous_copys_bits(gen, dtype, view):
     # (docs/torch.md: no copy of such rows, on the C++ and the Python paths)
     name, x, norm = _row_views(gen, dtype)[view]
     assert not x.is_contiguous(), name
@@ -232,7 +233,7 @@ def test_rows_far_apart_give_the_bits_of_a_contiguous_copy(gen, dtype, view):
                 assert torch.equal(got, want), name
 
 
-def test_rows_far_apart_are_not_copied(gen):
+def test_strided_rows_of_adjacent_elements_are_not_copied(gen):
     qkv = randn(gen, 64, 3 * 256, dtype=torch.float32)
     x = qkv[:, 256:512].requires_grad_()
     assert lt._rows(x, 1).ctypes.data == x.data_ptr()

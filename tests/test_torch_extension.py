@@ -66,7 +66,7 @@ def cases():
                                       (xp, w64, b64), g)
         out["permuted add_layer_norm " + name] = run(
             lambda x, r, w, b: lt.add_layer_norm(x, r, 64, w, b), (xp, rp, w64, b64), g)
-        # rows of adjacent elements far apart (taken where they lie)
+        # strided rows of adjacent elements (taken where they lie)
         xq = t(g, 6, 7, 99, dtype=dt, grad=False)[..., 33:66].requires_grad_()
         rq = t(g, 7, 6, 33, dtype=dt, grad=False).transpose(0, 1).requires_grad_()
         out["row slices " + name] = run(lambda x, w, b: lt.layer_norm(x, 33, w, b), (xq, w, b), g)
