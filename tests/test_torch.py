@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 lt = pytest.importorskip("lnfast.torch")
+from lnfast import _torch_eager, _torch_ops  # noqa: E402
 # (torch.nn.MultiheadAttention meets a deprecated torch.jit helper)
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -236,9 +237,9 @@ def test_strided_rows_of_adjacent_elements_give_a_contiguous_copys_bits(gen, dty
 def test_strided_rows_of_adjacent_elements_are_not_copied(gen):
     qkv = randn(gen, 64, 3 * 256, dtype=torch.float32)
     x = qkv[:, 256:512].requires_grad_()
-    assert lt._rows(x, 1).ctypes.data == x.data_ptr()
-    assert lt._rows(x.t(), 1).ctypes.data != x.data_ptr()      # elements far apart: copied
-    if lt._EXT is None:
+    assert _torch_ops._rows(x, 1).ctypes.data == x.data_ptr()
+    assert _torch_ops._rows(x.t(), 1).ctypes.data != x.data_ptr()      # elements far apart: copied
+    if _torch_eager._EXT is None:
         return
     with torch.profiler.profile() as prof:
         lt.layer_norm(x, 256).backward(torch.ones(64, 256))

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 lt = pytest.importorskip("lnfast.torch")
 import lnfast  # noqa: E402
+from lnfast import _torch_eager  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -107,7 +108,7 @@ def _python(code, **env):
 @pytest.mark.skipif(not HAVE_COMPILER or SWITCHED_OFF, reason="needs a C++ compiler")
 def test_the_cpp_kernels_serve_cpu_tensors():
     # (where a compiler is found, a build that fails is a failure here)
-    assert lt._EXT is not None
+    assert _torch_eager._EXT is not None
     for key in ("CPU", "AutogradCPU"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key("lnfast::norm", key)
     assert torch._C._dispatch_has_kernel_for_dispatch_key("lnfast::norm_backward", "CPU")
@@ -115,7 +116,7 @@ def test_the_cpp_kernels_serve_cpu_tensors():
     assert type(lt.layer_norm(x, 8).grad_fn).__name__ == "CppFunction"
 
 
-@pytest.mark.skipif(lt._EXT is None, reason="the C++ kernels are not built here")
+@pytest.mark.skipif(_torch_eager._EXT is None, reason="the C++ kernels are not built here")
 def test_the_same_bits_as_the_python_kernels(tmp_path):
     code = CASES + f"\ntorch.save(cases(), {str(tmp_path / 'python.pt')!r})\n"
     _python(code, LNFAST_TORCH_EXTENSION="0")
@@ -133,7 +134,8 @@ def test_the_same_bits_as_the_python_kernels(tmp_path):
 
 def test_switched_off(tmp_path):
     code = ("import warnings; warnings.simplefilter('error'); import torch, lnfast.torch as lt; "
-            "assert lt._EXT is None; x = torch.randn(4, 8, requires_grad=True); "
+            "import lnfast._torch_eager as e; assert e._EXT is None; "
+            "x = torch.randn(4, 8, requires_grad=True); "
             "lt.layer_norm(x, 8).sum().backward(); print(type(x.grad).__name__)")
     p = _python(code, LNFAST_TORCH_EXTENSION="0", LNFAST_CACHE_DIR=str(tmp_path / "c"))
     assert p.stdout.strip() == "Tensor"
@@ -145,7 +147,8 @@ def test_without_a_compiler_a_warning_and_the_python_kernels(tmp_path):
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    import lnfast.torch as lt\n"
-            "assert lt._EXT is None\n"
+            "import lnfast._torch_eager as e\n"
+            "assert e._EXT is None\n"
             "assert any(issubclass(m.category, RuntimeWarning) for m in w), w\n"
             "print(*(str(m.message) for m in w))\n"
             "x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)\n"
@@ -225,14 +228,14 @@ def test_forward_mode_ad_is_an_error_not_a_dropped_tangent():
         assert fwad.unpack_dual(y).tangent is None
 
 
-needs_eager = pytest.mark.skipif(getattr(lt, "_EAGER", None) is None,
+needs_eager = pytest.mark.skipif(_torch_eager._EAGER is None,
                                  reason="lnfast.torch's C++ kernels are not built here")
 
 
 def _general(monkeypatch):
     """Calls without the C++ eager entry (lnfast/torch.py's own checks and
     the operator through torch.ops): its results are the reference."""
-    monkeypatch.setattr(lt, "_EAGER", None)
+    monkeypatch.setattr(_torch_eager, "_EAGER", None)
 
 
 @needs_eager
@@ -331,7 +334,7 @@ def test_the_eager_entry_declines_what_it_does_not_take(change):
     call = list(args.values())
     if change == "six arguments":
         call = call[:6]
-    assert lt._EAGER(*call) is None
+    assert _torch_eager._EAGER(*call) is None
 
 
 @needs_eager

@@ -5,9 +5,9 @@
 // plain CPU tensors, so that an eager call crosses from Python once, as a
 // call of PyTorch's own operators does (docs/torch.md).
 //
-// lnfast/torch.py defines the operators (torch.library.custom_op: their
-// schemas, fake kernels and the Python kernels that serve CUDA tensors)
-// and builds this on first import against PyTorch's headers
+// lnfast/_torch_ops.py defines the operators (torch.library.custom_op:
+// their schemas, fake kernels and the Python kernels that serve CUDA
+// tensors), and lnfast/_torch_eager.py builds this on first import against PyTorch's headers
 // (lnfast._build).  Loaded, it takes the CPU (kernels) and AutogradCPU
 // (autograd) keys; it links none of lnfast: lnfast_torch_set_api hands it
 // the C API's addresses, the output cache's and the thread count's
@@ -180,7 +180,7 @@ Tensor param(const optional<Tensor> &p, const Tensor &x, int64_t k, at::ScalarTy
 // contiguous axis, whatever the leading axes' strides: the row kernels,
 // which give such rows the bits of a contiguous copy, docs/api.md "Axes"),
 // else a contiguous copy (the elements of strided rows would choose other
-// kernels, and other bits); lnfast.torch._rows' rule.
+// kernels, and other bits); lnfast._torch_ops._rows' rule.
 Tensor as_rows(const Tensor &t, int64_t k)
 {
     bool adjacent = t.dim() - k <= LNF_MAX_LEAD;
@@ -340,7 +340,7 @@ c10::TypedOperatorHandle<NormBackwardSig> norm_backward_op()
     return op;
 }
 
-// lnfast::norm's derivative (lnfast/torch.py's _op_backward, for CPU
+// lnfast::norm's derivative (lnfast/_torch_ops.py's _op_backward, for CPU
 // tensors), an autograd node of its own, as PyTorch's operators have: the
 // backward operator called below autograd, so that torch.compile traces
 // through its fake kernel; with create_graph, through autograd, where its
@@ -384,7 +384,7 @@ struct NormBackward : public torch::autograd::Node {
         // A bias of another dtype than the weight's: the backward again with
         // the weight in the bias's dtype (ones where there is none) gives
         // dbias, which does not depend on the weight, rounded once from its
-        // float64 sums to the bias's own dtype (lnfast/torch.py's _as_bias).
+        // float64 sums to the bias's own dtype (lnfast/_torch_ops.py's _as_bias).
         if (bias_dtype && *bias_dtype != db.scalar_type()) {
             int64_t kk = k.expect_int();
             db = std::get<2>(call(w ? w->detach().to(*bias_dtype)
