@@ -358,6 +358,37 @@ def test_float64_numpy_arguments_are_float32_without_x64(rng):
         lj.layer_norm(x, w)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.float16])
+def test_weakly_typed_arguments_take_xs_dtype(rng, dtype):
+    """A weakly typed array (of a Python scalar's type: float64 with x64 on)
+    is taken in x's dtype, as jax.numpy's arithmetic takes it; its gradient
+    comes back in its own dtype, as through jnp's conversion.  A strongly
+    typed float64 one stays a TypeError."""
+    x = jnp.asarray(rng.standard_normal((6, 16)), dtype)
+    w, b = jnp.broadcast_to(1.5, (16,)), jnp.full(16, 0.25)
+    r = jnp.full((6, 16), 0.5)
+    assert w.weak_type and w.dtype == np.float64 and r.weak_type
+    ws, bs, rs = (jnp.asarray(a, dtype) for a in (w, b, r))
+    for got, want in ((lj.layer_norm(x, w, b), lj.layer_norm(x, ws, bs)),
+                      (jax.jit(lambda w: lj.rms_norm(x, w))(w), lj.rms_norm(x, ws)),
+                      (lj.add_layer_norm(x, r, w, b)[0], lj.add_layer_norm(x, rs, ws, bs)[0]),
+                      (lj.layer_norm(x, jnp.broadcast_to(2, (16,))),
+                       lj.layer_norm(x, jnp.full(16, 2, dtype)))):
+        assert got.dtype == dtype and np.array_equal(got, want)
+
+    def loss(w, b):
+        return jnp.sum(lj.layer_norm(x, w, b).astype(np.float32) ** 2)
+
+    dw, db = jax.grad(loss, (0, 1))(w, b)
+    want = jax.grad(loss, (0, 1))(ws, bs)
+    assert dw.dtype == np.float64 and np.array_equal(dw, want[0].astype(np.float64))
+    assert np.array_equal(db, want[1].astype(np.float64))
+    with pytest.raises(TypeError, match="weight"):
+        lj.layer_norm(x, jnp.ones(16, np.float64))
+    with pytest.raises(TypeError, match="residual"):
+        lj.add_layer_norm(x, jnp.ones((6, 16), np.float64))
+
+
 SHARD_MAP = r"""
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"

@@ -89,6 +89,18 @@ def _canonical(a):
     return a
 
 
+def _as_x(a, x):
+    """A weakly typed JAX array (of a Python scalar's type, such as
+    jnp.full(D, 0.5) or jnp.broadcast_to(1.0, D) gives) of real numbers in
+    x's dtype, as jax.numpy's arithmetic with x takes it; any other
+    argument as it is, for the checks."""
+    if (isinstance(a, jax.Array) and getattr(a.aval, "weak_type", False)
+            and a.dtype != x.dtype and jnp.issubdtype(a.dtype, jnp.number)
+            and not jnp.issubdtype(a.dtype, jnp.complexfloating)):
+        return jax.lax.convert_element_type(a, x.dtype)
+    return a
+
+
 def _eps(eps):
     """eps as lnfast checks it; a concrete JAX scalar is taken as its value,
     a traced one refused (eps is compiled into the call)."""
@@ -298,6 +310,7 @@ def _vectors(x, weight, bias, norm, centered):
 def _norm(x, weight, bias, eps, axis, centered):
     x, weight, bias = _canonical(x), _canonical(weight), _canonical(bias)
     ax, norm, last = _plan(x, axis)
+    weight, bias = _as_x(weight, x), _as_x(bias, x)
     eps = _eps(eps)
     w, b = _vectors(x, weight, bias, norm, centered)
     x_rows, w, b = _vary(_as_rows(x, ax, last, w.shape[0]), w, b)
@@ -407,6 +420,7 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: Optional[ArrayLike
     x, residual = _canonical(x), _canonical(residual)
     weight, bias = _canonical(weight), _canonical(bias)
     ax, norm, last = _plan(x, axis)
+    residual, weight, bias = _as_x(residual, x), _as_x(weight, x), _as_x(bias, x)
     _checks.data("residual", residual, _array)
     if residual.dtype != x.dtype:
         raise TypeError(f"residual must have x's dtype ({x.dtype}), got {residual.dtype}")
