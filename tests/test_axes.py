@@ -264,6 +264,53 @@ def test_tiles_are_the_same_for_any_thread_count(rng, dtype):
     assert err(results[0][4], rdw) < BWD_TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hw", [(7, 7), (6, 6), (2, 3), (1, 3), (5, 5)])
+@pytest.mark.parametrize("layout", ["C", "out channels-last", "out=x"])
+def test_forward_ends_of_runs_taken_together_give_each_images_bits(rng, dtype, hw, layout):
+    """The forward takes the short ends of several images' runs (7x7: 1 row
+    of 49 past three full tiles; 6x6: 4; 2x3: all 6; 1x3 rows one apart)
+    together in one tile, each row's arithmetic its own: every image
+    normalized in the batch gives the bits of that image alone, with a
+    residual too, for any thread count and any output layout, hard rows
+    (an offset, a constant row) included in the ends.  5x5 (9 rows past a
+    tile) takes its ends one at a time."""
+    N, C = 19, 24
+    x = (rng.standard_normal((N, C) + hw) + 0.5).astype(dtype)
+    r = rng.standard_normal(x.shape).astype(dtype)
+    x[2, :, -1, -1] += 3000 if dtype != np.float16 else 300     # in an end
+    x[5, :, -1, -1] = 2.0
+    w = (1 + 0.2 * rng.standard_normal(C)).astype(dtype)
+    b = (0.2 * rng.standard_normal(C)).astype(dtype)
+
+    def alone(n):
+        return (lnfast.layer_norm_forward(x[n:n + 1], w, b, axis=1)
+                + lnfast.add_layer_norm_forward(x[n:n + 1], r[n:n + 1], w, b, axis=1)
+                + lnfast.rms_norm_forward(x[n:n + 1], w, axis=1))
+
+    want = [alone(n) for n in range(N)]
+    for threads in (1, 2, 3):
+        lnfast.set_num_threads(threads)
+        xx = x.copy()
+        if layout == "C":
+            got = (lnfast.layer_norm_forward(xx, w, b, axis=1)
+                   + lnfast.add_layer_norm_forward(xx, r, w, b, axis=1)
+                   + lnfast.rms_norm_forward(xx, w, axis=1))
+        else:
+            if layout == "out=x":
+                out = xx
+            else:
+                out = np.empty((N,) + hw + (C,), dtype).transpose(0, 3, 1, 2)
+            y = lnfast.layer_norm(xx, w, b, axis=1, out=out)
+            assert y is out
+            got = (y,)
+        for n in range(N):
+            for a, e in zip(got, want[n]):
+                assert np.array_equal(a[n:n + 1], e, equal_nan=True), (threads, n)
+    ry, _, _ = ref.layer_norm_forward(moved(x, (1,)), w, b)
+    assert err(want[0][0], back(ry, x.shape, (1,))[:1]) < FWD_TOL[dtype]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float64])
 def test_tile_forward_redoes_the_rows_it_cannot_take(rng, dtype):
     """Rows the channels-first forward's tiles turn down are redone in

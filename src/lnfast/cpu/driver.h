@@ -118,6 +118,41 @@ static inline int lnf_tile_next_full(ptrdiff_t r, ptrdiff_t r1, ptrdiff_t run)
     return r + 2 * LNF_TILE <= r1 && r % run + 2 * LNF_TILE <= run;
 }
 
+/* The short tiles at the ends of several runs taken as one copied tile
+ * (the forward's tiles): where each run of adjacent rows ends
+ * t = run % LNF_TILE rows into a tile, up to LNF_TILE / t such ends
+ * (`count` held) share one, lane k t + j holding row first[k] + j, so that
+ * a run of 49 rows (a 7x7 image) costs three full tiles and a sixteenth,
+ * not four.  Each lane's arithmetic is that of its row alone, so the rows'
+ * bits are those of a tile of their own.  (The backward's would be too,
+ * but not its dweight/dbias sums, whose order follows the tiles; and its
+ * chunks, about an image at 7x7, would hold few ends.) */
+typedef struct {
+    ptrdiff_t first[LNF_TILE], t;
+    int count, most;
+} lnf_tails;
+
+static inline void lnf_tails_init(lnf_tails *g, ptrdiff_t run)
+{
+    g->t = run % LNF_TILE;
+    g->count = 0;
+    g->most = g->t > 0 ? (int)(LNF_TILE / g->t) : 0;
+}
+
+/* Whether the n rows from r, a run's last tile, are an end to hold (ends
+ * that fill more than half a tile go alone). */
+static inline int lnf_tails_take(const lnf_tails *g, ptrdiff_t r, ptrdiff_t n, ptrdiff_t run)
+{
+    return g->most >= 2 && n == g->t && r % run + n == run;
+}
+
+/* The row of lane j: row r + j of a tile of its own (g NULL), else of the
+ * ends held. */
+static inline ptrdiff_t lnf_lane_row(const lnf_tails *g, ptrdiff_t r, ptrdiff_t j)
+{
+    return g == NULL ? r + j : g->first[j / g->t] + j % g->t;
+}
+
 /* Where the j-th of the rows of tiles taken together has its values in
  * arrays of 3 LNF_TILE values per tile (tile_sums' sums, tile_map's
  * factors): lane j % LNF_TILE of tile j / LNF_TILE. */
@@ -171,6 +206,20 @@ static inline void lnf_tile_gather(const char *src, ptrdiff_t inner, char *dst, 
     }
 }
 
+/* The k-th end held (lnf_tails) gathered into its lanes k t.. of a copied
+ * tile; the first zeroes the tile's other lanes. */
+static inline void lnf_tails_gather(const char *src, ptrdiff_t inner, char *dst, int k,
+                                    ptrdiff_t t, ptrdiff_t isz, ptrdiff_t D)
+{
+    if (k == 0) {
+        lnf_tile_gather(src, inner, dst, t, isz, D);
+        return;
+    }
+    size_t full = LNF_TILE * (size_t)isz, part = (size_t)(t * isz);
+    for (ptrdiff_t i = 0; i < D; i++)
+        memcpy(dst + i * full + k * part, src + i * inner, part);
+}
+
 static inline void lnf_tile_scatter(const char *src, char *dst, ptrdiff_t inner, ptrdiff_t n,
                                     ptrdiff_t isz, ptrdiff_t D)
 {
@@ -201,6 +250,20 @@ static inline void lnf_tile_scatter_to(const char *src, const lnf_array *out, in
                 memcpy(p, s, 8);
         }
     }
+}
+
+/* A copied tile's n lanes stored to their rows: to r..r+n-1 (g NULL), or
+ * each end held to its own (lnf_tails). */
+static inline void lnf_tile_scatter_lanes(const char *src, const lnf_array *out, int like,
+                                          const lnf_tails *g, ptrdiff_t r, ptrdiff_t n,
+                                          ptrdiff_t isz, ptrdiff_t D)
+{
+    if (g == NULL) {
+        lnf_tile_scatter_to(src, out, like, r, n, isz, D);
+        return;
+    }
+    for (int k = 0; k < g->count; k++)
+        lnf_tile_scatter_to(src + k * g->t * isz, out, like, g->first[k], g->t, isz, D);
 }
 
 /* Lane j of a copied tile set to zero. */

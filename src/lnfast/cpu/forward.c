@@ -23,10 +23,11 @@ typedef struct lnf_fwd {
 enum { FORWARD_SCRATCH = 4 };   /* gathered rows per thread: x, residual, z, y */
 /* Tiles: the rare rows of two tiles (one without pairs) and y, the values
  * the sums keep (as many rows), then the copies of a short tile (x,
- * residual, z, y: up to 4 LNF_TILE rows of the compute type). */
+ * residual, z, y: up to 4 LNF_TILE rows of the compute type) and of the
+ * ends of runs held (x, residual: lnf_tails). */
 static ptrdiff_t tile_scratch(int pairs)
 {
-    return (pairs ? 8 : 6) * LNF_TILE + 1;
+    return (pairs ? 10 : 8) * LNF_TILE + 1;
 }
 enum { PARAM_ROWS = 2 };        /* 16-bit weight and bias, widened per thread */
 

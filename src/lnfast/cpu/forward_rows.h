@@ -339,38 +339,137 @@ static int F(resum_far_tile)(const lnf_row_ops *ops, const void *in, ptrdiff_t i
     return 1;
 }
 
-/* Rows r0..r1-1 far apart whose neighbours are adjacent, by tiles of
- * LNF_TILE rows; a run of f->run adjacent rows ends in a shorter tile,
- * which runs on copies (lnf_tile_gather), as every tile does where y or z
- * is not in x's layout (then stored to its own rows, lnf_tile_scatter_to).
- * Two full tiles of the arrays side by side go together where the rows
- * are short (f->pairs): each column's two tiles are then read together,
- * adjacent, which the memory serves faster than pieces a tile apart (the
- * arithmetic, and so every bit, is that of one tile at a time).  The map
- * reads the values the sums kept (xs).  The rows that row_ok turns
- * down are gathered into the thread's rows before the tiles are mapped
- * (y may be x), redone by row_exact and stored after. */
-static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
-                             REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
+/* One tile's rows (or two tiles', `tiles`), n of them: from row r where g
+ * is NULL, else the ends held (lnf_tails); px, pr, pz, py: its x,
+ * residual, z and y, `inner` bytes per column, copies where `copy` (then
+ * stored to their rows after).  The map reads the values the sums kept
+ * (xs).  The rows that row_ok turns down are gathered into the thread's
+ * rows before the tile is mapped (y may be x), redone by row_exact and
+ * stored after. */
+static void F(forward_tile)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
+                            REAL *rstd_out, lnf_scratch *sc, const lnf_tails *g, ptrdiff_t r,
+                            ptrdiff_t n, int tiles, int copy, const char *px, const char *pr,
+                            char *pz, char *py, ptrdiff_t inner)
 {
     enum { T = LNF_TILE };
     const lnf_forward_args *a = f->a;
     const lnf_row_ops *ops = f->kx->ops;
     const lnf_array *in = a->has_residual ? &a->z : &a->x;
-    ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
-    int c = a->centered, res = a->has_residual, whole = f->y_like && f->z_like;
+    ptrdiff_t D = a->D, isz = lnf_itemsize(a->x.dtype);
+    int c = a->centered, res = a->has_residual;
     int most = f->pairs ? 2 : 1;            /* tiles at once */
     REAL *slots = sc->rows, *ybuf = slots + most * T * D;
     REAL *xs = ybuf + D;                    /* the values summed, kept for the map */
+    double s[2 * 3 * T];                    /* per tile: 3 T sums (tile_sums) */
+    REAL k[2 * 3 * T];                      /* per tile: hi, lo, rstd (tile_map) */
+    int hard[2 * T], nhard = 0;
+    ops->tile_sums(px, pr, pz, inner, c, NULL, s, D, xs, tiles);
+    if (res && copy)        /* (z in place before its rare rows are read) */
+        lnf_tile_scatter_lanes(pz, &a->z, f->z_like, g, r, n, isz, D);
+    double mean[T], var[2 * T], rstd[2 * T];
+    int tests = 0;
+    for (int q = 0; q < tiles; q++) {
+        double *sq = s + 3 * T * q;
+        int t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                              rstd + T * q);
+        if ((t & LNF_TILE_FAR)
+            && F(resum_far_tile)(ops, (res ? pz : px) + q * T * isz, inner, sq, D,
+                                 LNF_MIN(n - q * T, (ptrdiff_t)T), mean, var + T * q))
+            t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                              rstd + T * q);
+        tests |= t;
+    }
+    for (ptrdiff_t j = 0; j < n && (tests & LNF_TILE_HARD); j++) {
+        ptrdiff_t o = lnf_tile_lane(j);
+        hard[j] = !F(row_ok)(s[o], s[o + T], (double)D, a->eps, var[j], rstd[j]);
+        if (hard[j]) {      /* (copied: the map may overwrite it, y being x) */
+            for (int q = 0; q < 3; q++)
+                k[o + q * T] = 0;
+            REAL *slot = slots + j * D;
+            const void *row = lnf_load_row(in, lnf_lane_row(g, r, j), D, slot, sizeof(REAL));
+            if (row != slot)
+                memcpy(slot, row, (size_t)D * sizeof(REAL));
+            nhard++;
+        }
+    }
+    ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && !copy, tiles);
+    if (copy)
+        lnf_tile_scatter_lanes(py, &a->y, f->y_like, g, r, n, isz, D);
+    if (nhard > 0 && f->stream)     /* (the streamed lines before the rare rows) */
+        lnf_stream_fence();
+    for (ptrdiff_t j = 0; j < n && nhard > 0; j++) {
+        if (!hard[j])
+            continue;
+        ptrdiff_t o = lnf_tile_lane(j);
+        REAL kj[3];
+        F(row_exact)(slots + j * D, ybuf, w, b, D, a->eps, c, kj, f->wp, f->bp);
+        lnf_store_row(&a->y, lnf_lane_row(g, r, j), D, ybuf, sizeof(REAL));
+        k[o] = kj[0];
+        k[o + 2 * T] = kj[2];
+    }
+    /* (each tile's lanes in a row; each end's where ends are held) */
+    ptrdiff_t part = g == NULL ? T : g->t;
+    for (ptrdiff_t j = 0; j < n; j += part) {
+        ptrdiff_t o = lnf_tile_lane(j), row = lnf_lane_row(g, r, j);
+        size_t bytes = (size_t)LNF_MIN(n - j, part) * sizeof(REAL);
+        if (mean_out != NULL)
+            memcpy(mean_out + row, k + o, bytes);
+        if (rstd_out != NULL)
+            memcpy(rstd_out + row, k + o + 2 * T, bytes);
+    }
+}
+
+/* The ends held (g), gathered into `held` (x, then residual), as a copied
+ * tile whose z and y go through `stage`; none held after. */
+static void F(forward_held)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
+                            REAL *rstd_out, lnf_scratch *sc, lnf_tails *g, char *held,
+                            char *stage)
+{
+    ptrdiff_t isz = lnf_itemsize(f->a->x.dtype), tb = LNF_TILE * isz * f->a->D;
+    int res = f->a->has_residual;
+    F(forward_tile)(f, w, b, mean_out, rstd_out, sc, g, 0, g->count * g->t, 1, 1, held,
+                    res ? held + tb : NULL, res ? stage + 2 * tb : NULL, stage + 3 * tb,
+                    LNF_TILE * isz);
+    g->count = 0;
+}
+
+/* Rows r0..r1-1 far apart whose neighbours are adjacent, by tiles of
+ * LNF_TILE rows; a run of f->run adjacent rows ends in a shorter tile,
+ * which runs on copies (lnf_tile_gather), as every tile does where y or z
+ * is not in x's layout (then stored to its own rows, lnf_tile_scatter_to);
+ * short ends of runs go several to a copied tile (lnf_tails), after the
+ * full tiles before them.  Two full tiles of the arrays side by side go
+ * together where the rows are short (f->pairs): each column's two tiles
+ * are then read together, adjacent, which the memory serves faster than
+ * pieces a tile apart (the arithmetic, and so every bit, is that of one
+ * tile at a time). */
+static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
+                             REAL *rstd_out, ptrdiff_t r0, ptrdiff_t r1, lnf_scratch *sc)
+{
+    enum { T = LNF_TILE };
+    const lnf_forward_args *a = f->a;
+    ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
+    int res = a->has_residual, whole = f->y_like && f->z_like;
+    int most = f->pairs ? 2 : 1;            /* tiles at once */
+    REAL *xs = (REAL *)sc->rows + most * T * D + D;    /* (forward_tile's) */
     char *stage = (char *)(xs + most * T * D);  /* x, residual, z, y of a short tile */
+    char *held = stage + 4 * tb;                /* x, residual of the ends held */
+    lnf_tails g;
+    lnf_tails_init(&g, f->run);
     for (ptrdiff_t r = r0; r < r1; r += n) {
-        double s[2 * 3 * T];                /* per tile: 3 T sums (tile_sums) */
-        REAL k[2 * 3 * T];                  /* per tile: hi, lo, rstd (tile_map) */
-        int hard[2 * T], nhard = 0;
         ptrdiff_t inner = a->x.inner;
         const char *px = lnf_row(&a->x, r), *pr = res ? lnf_row(&a->residual, r) : NULL;
         char *pz = res ? lnf_row(&a->z, r) : NULL, *py = lnf_row(&a->y, r);
         n = LNF_MIN(LNF_MIN((ptrdiff_t)T, f->run - r % f->run), r1 - r);
+        if (lnf_tails_take(&g, r, n, f->run)) {
+            lnf_tails_gather(px, inner, held, g.count, n, isz, D);
+            if (res)
+                lnf_tails_gather(pr, inner, held + tb, g.count, n, isz, D);
+            g.first[g.count++] = r;
+            if (g.count == g.most)
+                F(forward_held)(f, w, b, mean_out, rstd_out, sc, &g, held, stage);
+            continue;
+        }
         int copy = n < T || !whole;
         int tiles = !copy && most == 2 && lnf_tile_next_full(r, r1, f->run) ? 2 : 1;
         if (copy) {
@@ -382,58 +481,11 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             inner = T * isz;
         }
         n *= tiles;
-        ops->tile_sums(px, pr, pz, inner, c, NULL, s, D, xs, tiles);
-        if (res && copy)        /* (z in place before its rare rows are read) */
-            lnf_tile_scatter_to(pz, &a->z, f->z_like, r, n, isz, D);
-        double mean[T], var[2 * T], rstd[2 * T];
-        int tests = 0;
-        for (int q = 0; q < tiles; q++) {
-            double *sq = s + 3 * T * q;
-            int t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
-                                  rstd + T * q);
-            if ((t & LNF_TILE_FAR)
-                && F(resum_far_tile)(ops, (res ? pz : px) + q * T * isz, inner, sq, D,
-                                     LNF_MIN(n - q * T, (ptrdiff_t)T), mean, var + T * q))
-                t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
-                                  rstd + T * q);
-            tests |= t;
-        }
-        for (ptrdiff_t j = 0; j < n && (tests & LNF_TILE_HARD); j++) {
-            ptrdiff_t o = lnf_tile_lane(j);
-            hard[j] = !F(row_ok)(s[o], s[o + T], (double)D, a->eps, var[j], rstd[j]);
-            if (hard[j]) {      /* (copied: the map may overwrite it, y being x) */
-                for (int q = 0; q < 3; q++)
-                    k[o + q * T] = 0;
-                REAL *slot = slots + j * D;
-                const void *row = lnf_load_row(in, r + j, D, slot, sizeof(REAL));
-                if (row != slot)
-                    memcpy(slot, row, (size_t)D * sizeof(REAL));
-                nhard++;
-            }
-        }
-        ops->tile_map(xs, py, inner, w, c ? b : NULL, k, D, f->stream && !copy, tiles);
-        if (copy)
-            lnf_tile_scatter_to(py, &a->y, f->y_like, r, n, isz, D);
-        if (nhard > 0 && f->stream)     /* (the streamed lines before the rare rows) */
-            lnf_stream_fence();
-        for (ptrdiff_t j = 0; j < n && nhard > 0; j++) {
-            if (!hard[j])
-                continue;
-            ptrdiff_t o = lnf_tile_lane(j);
-            REAL kj[3];
-            F(row_exact)(slots + j * D, ybuf, w, b, D, a->eps, c, kj, f->wp, f->bp);
-            lnf_store_row(&a->y, r + j, D, ybuf, sizeof(REAL));
-            k[o] = kj[0];
-            k[o + 2 * T] = kj[2];
-        }
-        for (ptrdiff_t q = 0; q * T < n; q++) {     /* (each tile's lanes in a row) */
-            size_t bytes = (size_t)LNF_MIN(n - q * T, (ptrdiff_t)T) * sizeof(REAL);
-            if (mean_out != NULL)
-                memcpy(mean_out + r + q * T, k + 3 * T * q, bytes);
-            if (rstd_out != NULL)
-                memcpy(rstd_out + r + q * T, k + 3 * T * q + 2 * T, bytes);
-        }
+        F(forward_tile)(f, w, b, mean_out, rstd_out, sc, NULL, r, n, tiles, copy, px, pr, pz,
+                        py, inner);
     }
+    if (g.count > 0)
+        F(forward_held)(f, w, b, mean_out, rstd_out, sc, &g, held, stage);
     if (f->stream)
         lnf_stream_fence();
 }
