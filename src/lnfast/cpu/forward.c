@@ -24,7 +24,7 @@ enum { FORWARD_SCRATCH = 4 };   /* gathered rows per thread: x, residual, z, y *
 /* Tiles: the rare rows of two tiles (one without pairs) and y, the values
  * the sums keep (as many rows), then the copies of a short tile (x,
  * residual, z, y: up to 4 LNF_TILE rows of the compute type) and of the
- * ends of runs held (x, residual: lnf_tails). */
+ * ends of runs held (x, residual: lnf_tails); laid out by tile_bufs_of. */
 static ptrdiff_t tile_scratch(int pairs)
 {
     return (pairs ? 10 : 8) * LNF_TILE + 1;

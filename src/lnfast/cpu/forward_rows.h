@@ -339,6 +339,27 @@ static int F(resum_far_tile)(const lnf_row_ops *ops, const void *in, ptrdiff_t i
     return 1;
 }
 
+/* A thread's scratch for tiles, laid out once (tile_scratch): the rare
+ * rows of two tiles (one without pairs) and y's, the values the sums keep
+ * (as many rows), the copies of a short tile (x, residual, z, y) and of
+ * the ends held (x, residual). */
+typedef struct {
+    REAL *slots, *ybuf, *xs;
+    char *stage, *held;
+} F(tile_bufs);
+
+static inline F(tile_bufs) F(tile_bufs_of)(const lnf_fwd *f, lnf_scratch *sc)
+{
+    ptrdiff_t D = f->a->D, most = f->pairs ? 2 : 1;
+    F(tile_bufs) t;
+    t.slots = (REAL *)sc->rows;
+    t.ybuf = t.slots + most * LNF_TILE * D;
+    t.xs = t.ybuf + D;
+    t.stage = (char *)(t.xs + most * LNF_TILE * D);
+    t.held = t.stage + 4 * LNF_TILE * lnf_itemsize(f->a->x.dtype) * D;
+    return t;
+}
+
 /* One tile's rows (or two tiles', `tiles`), n of them: from row r where g
  * is NULL, else the ends held (lnf_tails); px, pr, pz, py: its x,
  * residual, z and y, `inner` bytes per column, copies where `copy` (then
@@ -347,9 +368,9 @@ static int F(resum_far_tile)(const lnf_row_ops *ops, const void *in, ptrdiff_t i
  * rows before the tile is mapped (y may be x), redone by row_exact and
  * stored after. */
 static void F(forward_tile)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
-                            REAL *rstd_out, lnf_scratch *sc, const lnf_tails *g, ptrdiff_t r,
-                            ptrdiff_t n, int tiles, int copy, const char *px, const char *pr,
-                            char *pz, char *py, ptrdiff_t inner)
+                            REAL *rstd_out, const F(tile_bufs) *t, const lnf_tails *g,
+                            ptrdiff_t r, ptrdiff_t n, int tiles, int copy, const char *px,
+                            const char *pr, char *pz, char *py, ptrdiff_t inner)
 {
     enum { T = LNF_TILE };
     const lnf_forward_args *a = f->a;
@@ -357,9 +378,7 @@ static void F(forward_tile)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL
     const lnf_array *in = a->has_residual ? &a->z : &a->x;
     ptrdiff_t D = a->D, isz = lnf_itemsize(a->x.dtype);
     int c = a->centered, res = a->has_residual;
-    int most = f->pairs ? 2 : 1;            /* tiles at once */
-    REAL *slots = sc->rows, *ybuf = slots + most * T * D;
-    REAL *xs = ybuf + D;                    /* the values summed, kept for the map */
+    REAL *slots = t->slots, *ybuf = t->ybuf, *xs = t->xs;
     double s[2 * 3 * T];                    /* per tile: 3 T sums (tile_sums) */
     REAL k[2 * 3 * T];                      /* per tile: hi, lo, rstd (tile_map) */
     int hard[2 * T], nhard = 0;
@@ -370,14 +389,14 @@ static void F(forward_tile)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL
     int tests = 0;
     for (int q = 0; q < tiles; q++) {
         double *sq = s + 3 * T * q;
-        int t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
-                              rstd + T * q);
-        if ((t & LNF_TILE_FAR)
+        int st = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                               rstd + T * q);
+        if ((st & LNF_TILE_FAR)
             && F(resum_far_tile)(ops, (res ? pz : px) + q * T * isz, inner, sq, D,
                                  LNF_MIN(n - q * T, (ptrdiff_t)T), mean, var + T * q))
-            t = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
-                              rstd + T * q);
-        tests |= t;
+            st = F(tile_stats)(sq, (double)D, a->eps, c, k + 3 * T * q, mean, var + T * q,
+                               rstd + T * q);
+        tests |= st;
     }
     for (ptrdiff_t j = 0; j < n && (tests & LNF_TILE_HARD); j++) {
         ptrdiff_t o = lnf_tile_lane(j);
@@ -419,17 +438,16 @@ static void F(forward_tile)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL
     }
 }
 
-/* The ends held (g), gathered into `held` (x, then residual), as a copied
- * tile whose z and y go through `stage`; none held after. */
+/* The ends held (g), gathered into t->held (x, then residual), as a copied
+ * tile whose z and y go through t->stage; none held after. */
 static void F(forward_held)(const lnf_fwd *f, const REAL *w, const REAL *b, REAL *mean_out,
-                            REAL *rstd_out, lnf_scratch *sc, lnf_tails *g, char *held,
-                            char *stage)
+                            REAL *rstd_out, const F(tile_bufs) *t, lnf_tails *g)
 {
     ptrdiff_t isz = lnf_itemsize(f->a->x.dtype), tb = LNF_TILE * isz * f->a->D;
     int res = f->a->has_residual;
-    F(forward_tile)(f, w, b, mean_out, rstd_out, sc, g, 0, g->count * g->t, 1, 1, held,
-                    res ? held + tb : NULL, res ? stage + 2 * tb : NULL, stage + 3 * tb,
-                    LNF_TILE * isz);
+    F(forward_tile)(f, w, b, mean_out, rstd_out, t, g, 0, g->count * g->t, 1, 1, t->held,
+                    res ? t->held + tb : NULL, res ? t->stage + 2 * tb : NULL,
+                    t->stage + 3 * tb, LNF_TILE * isz);
     g->count = 0;
 }
 
@@ -451,9 +469,8 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
     ptrdiff_t D = a->D, n, isz = lnf_itemsize(a->x.dtype), tb = T * isz * D;
     int res = a->has_residual, whole = f->y_like && f->z_like;
     int most = f->pairs ? 2 : 1;            /* tiles at once */
-    REAL *xs = (REAL *)sc->rows + most * T * D + D;    /* (forward_tile's) */
-    char *stage = (char *)(xs + most * T * D);  /* x, residual, z, y of a short tile */
-    char *held = stage + 4 * tb;                /* x, residual of the ends held */
+    const F(tile_bufs) t = F(tile_bufs_of)(f, sc);
+    char *stage = t.stage, *held = t.held;
     lnf_tails g;
     lnf_tails_init(&g, f->run);
     for (ptrdiff_t r = r0; r < r1; r += n) {
@@ -467,7 +484,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
                 lnf_tails_gather(pr, inner, held + tb, g.count, n, isz, D);
             g.first[g.count++] = r;
             if (g.count == g.most)
-                F(forward_held)(f, w, b, mean_out, rstd_out, sc, &g, held, stage);
+                F(forward_held)(f, w, b, mean_out, rstd_out, &t, &g);
             continue;
         }
         int copy = n < T || !whole;
@@ -481,11 +498,11 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             inner = T * isz;
         }
         n *= tiles;
-        F(forward_tile)(f, w, b, mean_out, rstd_out, sc, NULL, r, n, tiles, copy, px, pr, pz,
+        F(forward_tile)(f, w, b, mean_out, rstd_out, &t, NULL, r, n, tiles, copy, px, pr, pz,
                         py, inner);
     }
     if (g.count > 0)
-        F(forward_held)(f, w, b, mean_out, rstd_out, sc, &g, held, stage);
+        F(forward_held)(f, w, b, mean_out, rstd_out, &t, &g);
     if (f->stream)
         lnf_stream_fence();
 }
