@@ -13,7 +13,9 @@ import lnfast
 from lnfast import _cpu, _kernels, _pool
 from lnfast import reference as ref
 
-from .helpers import same
+from .helpers import (REDO_ROWS, assert_backward_exact, assert_dx_within_its_terms,
+                      exact_backward, float64_rows_near_the_top, float64_rows_of_tiny_terms,
+                      same)
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
@@ -461,43 +463,14 @@ def test_float64_rows_of_subnormal_spread_or_near_the_top():
             assert np.allclose(fn(x)[0], reference(x)[0], rtol=1e-12, atol=0)
 
 
-def exact_backward_row(x, dy, w, eps, centered):
-    """The SPEC's backward of one float64 row in mpmath (256 bits) on x, dy
-    and w (None: ones) as given: rstd, xhat, g = dy * w, mean(g) (0 for
-    RMSNorm) and mean(g * xhat)."""
-    import mpmath
-
-    mpmath.mp.prec = 256
-    D = len(x)
-    xs = [mpmath.mpf(float(v)) for v in x]
-    m = sum(xs) / D if centered else 0
-    rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(eps))
-    xh = [(v - m) * rs for v in xs]
-    g = [mpmath.mpf(float(a)) * (1 if w is None else mpmath.mpf(float(w[j])))
-         for j, a in enumerate(dy)]
-    mg = sum(g) / D if centered else 0
-    mgx = sum(a * b for a, b in zip(g, xh)) / D
-    return rs, xh, g, mg, mgx
-
-
 def check_float64_backward_exactly(x, dy, eps, centered):
     """dx and dweight of float64 rows against mpmath (the SPEC's formulas on
     x and dy as given), by every route: pipelined rows, tiles (Fortran
     order), strided rows and one thread."""
-    import mpmath
-
-    M, D = x.shape
     fwd, bwd = ((lnfast.layer_norm_forward, lnfast.layer_norm_backward) if centered else
                 (lnfast.rms_norm_forward, lnfast.rms_norm_backward))
     stats = fwd(x, eps=eps)[1:]
-    dx_want = np.empty((M, D), object)
-    dw_want, dw_units = [mpmath.mpf(0)] * D, [mpmath.mpf(0)] * D
-    for r in range(M):
-        rs, xh, g, mg, mgx = exact_backward_row(x[r], dy[r], None, eps, centered)
-        for j in range(D):
-            dx_want[r, j] = rs * (g[j] - mg - xh[j] * mgx)
-            dw_want[j] += g[j] * xh[j]
-            dw_units[j] += abs(g[j] * xh[j]) * 2.0**-53 + mpmath.mpf(2) ** -1075
+    want = exact_backward(x, dy, eps, centered)
     routes = [bwd(dy, x, *stats), bwd(np.asfortranarray(dy), np.asfortranarray(x), *stats),
               bwd(dy[:, ::-1], x[:, ::-1], *stats)]
     lnfast.set_num_threads(1)
@@ -509,14 +482,7 @@ def check_float64_backward_exactly(x, dy, eps, centered):
         dx, dw = got[0], got[1]
         if k == 2:
             dx, dw = dx[:, ::-1], dw[::-1]
-        assert np.isfinite(dx).all() and np.isfinite(dw).all(), k
-        for r in range(M):
-            scale = max(abs(v) for v in dx_want[r])
-            err = max(abs(mpmath.mpf(float(a)) - e) for a, e in zip(dx[r], dx_want[r]))
-            assert err <= 1e-14 * scale + mpmath.mpf(2) ** -1070, (k, r, float(err / scale))
-        for j in range(D):
-            err = abs(mpmath.mpf(float(dw[j])) - dw_want[j])
-            assert err <= 12 * dw_units[j] + abs(dw_want[j]) * 2.0**-53, (k, j)
+        assert_backward_exact(dx, dw, want, k)
 
 
 @pytest.mark.parametrize("centered", [True, False], ids=["layer_norm", "rms_norm"])
@@ -525,15 +491,7 @@ def test_float64_backward_rows_near_the_top(rng, centered):
     # 1e300: deviations from the mean, or their sums with dy, overflow
     # unless scaled.  dx (subnormal where rstd is about 1e-308) and dweight
     # against mpmath, by every route, with ordinary rows among them.
-    M, D = 40, 6
-    x = rng.standard_normal((M, D))
-    x[::4] = x[::4] / np.abs(x[::4]).max(axis=1, keepdims=True) * 1.7e308
-    x[1::4] *= 1e307
-    dy = rng.standard_normal((M, D))
-    dy[::4][::2] *= 1e300
-    dy[1::4][::2] *= 1e19
-    dy[2::4] *= 1e300
-    dy[0, 2] = 1e-300                           # a tiny dweight term in a huge row
+    x, dy = float64_rows_near_the_top(rng)
     check_float64_backward_exactly(x, dy, 1e-5, centered)
 
 
@@ -543,36 +501,15 @@ def test_float64_backward_rows_of_tiny_terms(rng, centered):
     # 1e-150 and dy of 1e-200, eps=0), subnormal dy, and deviations scaled
     # up by 2**1000 with dy large enough that the scaled terms overflowed:
     # dx and dweight are normal numbers all the same.
-    M, D = 48, 5
-    x = rng.standard_normal((M, D))
-    dy = rng.standard_normal((M, D))
-    for r, (sx, sdy) in enumerate([(1e-150, 1e-200), (1e-100, 1e-250), (1e-50, 1e-300),
-                                   (1.0, 1e-310), (1e-150, 1e-310), (1e-275, 1e10),
-                                   (1e-290, 1e10), (1e-300, 1e-300)]):
-        x[r::8] *= sx
-        dy[r::8] *= sdy
+    x, dy = float64_rows_of_tiny_terms(rng)
     check_float64_backward_exactly(x, dy, 0.0, centered)
 
 
-@pytest.mark.parametrize("x, dy, w, centered, eps", [
-    ([0.0, 0.0, 0.0], [1e200, 1e-200, 0.0], None, False, 1e-5),
-    ([0.0, 1.0, 1.0], [1e200, 1e-300, 0.0], None, False, 1e-5),
-    ([1.0, 1.0, 1.0], [1e200, -1e200, 1e-200], None, True, 1e-5),
-    ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1e150, 1e-200, 1.0], True, 1e-5),
-    ([1e-150, -1e-150, 0.0], [1e-200, 2e-200, 3e-300], None, True, 0.0),
-    ([1e-275, -1e-275, 0.0], [1e10, 1e10, 1e-100], None, False, 0.0),
-    ([1e100, -1e100, 5e99], [1e200, 1.0, 1e-200], [1e150, 1.0, 1.0], True, 1e-5),
-    ([1e-300, 0.0], [1e-250, 1e100], None, False, 1e-5),
-    ([1e-300, 0.0, 0.0], [3e-308, 1e7, 0.0], None, False, 1e-5),
-    ([1e-126, -3e-126, 0.0], [11.2, 2.1e-144, 1.0], [1.9e-193, 1.3e-71, 1e-200], True, 0.0),
-    ([1e-300, 0.0], [1e-100, 1e-165], [1.0, 1e-165], False, 0.0),
-    ([0.0, 0.0], [1e-100, 1e-200], [1e-100, 1e-200], False, 1e-300)])
+@pytest.mark.parametrize("x, dy, w, centered, eps", REDO_ROWS)
 def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
     # Rows redone in float64 whose dy * weight spans hundreds of orders of
     # magnitude: each dx against mpmath on its own, within rounding of its
     # own terms, so that small ones (where xhat is 0, say) count.
-    import mpmath
-
     x, dy = np.array([x]), np.array([dy])
     w = None if w is None else np.array(w)
     if centered:
@@ -581,13 +518,7 @@ def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
     else:
         _, rstd = lnfast.rms_norm_forward(x, w, eps=eps)
         dx = lnfast.rms_norm_backward(dy, x, rstd, w)[0][0]
-    rs, xh, g, mg, mgx = exact_backward_row(x[0], dy[0], w, eps, centered)
-    amgx = sum(abs(a * b) for a, b in zip(g, xh)) / len(g)
-    for j in range(len(g)):
-        want = rs * (g[j] - mg - xh[j] * mgx)
-        terms = rs * (abs(g[j]) + abs(mg) + abs(xh[j]) * amgx)
-        assert abs(mpmath.mpf(float(dx[j])) - want) <= 1e-14 * terms + mpmath.mpf(2) ** -1070, \
-            (j, float(dx[j]), float(want))
+    assert_dx_within_its_terms(dx, x[0], dy[0], w, eps, centered)
 
 
 def test_rows_whose_squares_all_underflow_are_not_taken_for_constant():

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 #include <memory>
 #include <vector>
 #include <ucontext.h>
@@ -153,38 +154,52 @@ inline double __shfl_xor_sync(unsigned, double v, int off)
 }
 
 // CuPy compiles every kernel with -ftz=true: float32 arithmetic reads and
-// writes subnormals as zero.  Launches model it with the CPU's own modes
-// (x86-64: MXCSR's FTZ and DAZ; aarch64: FPCR.FZ), which flush float64
-// subnormals too, a range (below 2.2e-308) the kernels' float64 paths do not
-// reach; elsewhere launches run without flushing.  The fibers' contexts are
-// made inside run_grid, so they start in that mode.
+// writes subnormals as zero, float64 arithmetic keeps them.  Launches model
+// it with the CPU's own modes (x86-64: MXCSR's FTZ and DAZ; aarch64:
+// FPCR.FZ), which flush float64 subnormals too, so they flush only kernels
+// whose first argument is not a float64 array: those of float32 and 16-bit
+// rows, whose float64 paths stay far above float64's subnormals (below
+// 2.2e-308).  A float64 row's kernels, whose rows past its sums' range are
+// scaled by powers of two down to 2^-1025, run unflushed, as on a GPU;
+// elsewhere launches run without flushing.  The fibers' contexts are made
+// inside run_grid, so they start in that mode.
 #if defined(__x86_64__)
 #include <xmmintrin.h>
 struct lnf_emu_flush {
     unsigned saved = _mm_getcsr();
-    lnf_emu_flush() { _mm_setcsr(saved | 0x8040u); }
+    explicit lnf_emu_flush(bool on) { _mm_setcsr(on ? saved | 0x8040u : saved); }
     ~lnf_emu_flush() { _mm_setcsr(saved); }
 };
 #elif defined(__aarch64__)
 struct lnf_emu_flush {
     unsigned long saved;
-    lnf_emu_flush()
+    explicit lnf_emu_flush(bool on)
     {
         __asm__ volatile("mrs %0, fpcr" : "=r"(saved));
-        __asm__ volatile("msr fpcr, %0" : : "r"(saved | (1ul << 24)));
+        __asm__ volatile("msr fpcr, %0" : : "r"(on ? saved | (1ul << 24) : saved));
     }
     ~lnf_emu_flush() { __asm__ volatile("msr fpcr, %0" : : "r"(saved)); }
 };
 #else
-struct lnf_emu_flush {};
+struct lnf_emu_flush {
+    explicit lnf_emu_flush(bool) {}
+};
 #endif
+
+namespace lnf_emu {
+// Whether a kernel's first parameter is a pointer to float64 elements.
+template <class P0, class... P> constexpr bool float64_rows(void (*)(P0, P...))
+{
+    return std::is_same_v<std::remove_cv_t<std::remove_pointer_t<P0>>, double>;
+}
+}  // namespace lnf_emu
 
 // kernel<<<grid, block>>>(args...)
 template <class... P, class... A>
 void launch(unsigned grid, unsigned block, void (*kernel)(P...), A... args)
 {
     lnf_emu::body = [=] { kernel(args...); };
-    lnf_emu_flush flush;
+    lnf_emu_flush flush(!lnf_emu::float64_rows(kernel));
     lnf_emu::run_grid(grid, block);
 }
 
@@ -197,7 +212,6 @@ void launch(unsigned grid, unsigned block, void (*kernel)(P...), A... args)
 // kernel's parameter type: a wrong size or class, which a GPU would read as
 // garbage, is reported in `err` instead of launched.
 
-#include <type_traits>
 #include <utility>
 
 namespace lnf_emu {

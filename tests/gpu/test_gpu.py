@@ -6,7 +6,9 @@ import pytest
 
 import lnfast
 from lnfast import reference as ref
-from tests.helpers import BACKWARD_TOL, DTYPES, FORWARD_TOL
+from tests.helpers import (BACKWARD_TOL, DTYPES, FORWARD_TOL, REDO_ROWS, assert_backward_exact,
+                           assert_dx_within_its_terms, exact_backward,
+                           float64_rows_near_the_top, float64_rows_of_tiny_terms)
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -165,6 +167,103 @@ def test_float32_rows_past_float32s_range_match_the_cpu():
     assert np.isfinite(host(got[0])[0]).all()
     for g, c in zip(got, cpu):
         assert ref.rel_error(host(g)[0], c) <= 2e-6
+
+
+def float64_rows_past_their_sums_range(rng):
+    """Rows whose squares leave float64's range, as the CPU's tests have
+    them: deviations of 1e200 and of 1e-170, a spread below 2**-1022, values
+    of opposite sign near float64's maximum (x - x[0] overflows); and long
+    rows of such values, which the blocks reduce over several warps and
+    read two at a time."""
+    short = [np.array([[1.0, -1.0, 0.3, 0.25], [3.0, -3.0, 0.0, 1.0]]) * s for s in (1e200, 1e-170)]
+    short += [np.array([[0.0, 1e-310]]), np.array([[1e-310, 0.0, 3e-310]]),
+              np.array([[-1e308, 1e308, 0.0, 5e307]])]
+    long = rng.standard_normal((5, 4096))
+    long[0] *= 1e200
+    long[1] *= 1e-170
+    long[2] = long[2] / np.abs(long[2]).max() * 1.7e308
+    long[3] = 1e-310 * (long[3] > 0)
+    return short + [long]           # (long[4]: an ordinary row among them)
+
+
+def assert_close(got, want, tol, label=None):
+    """max |got - want| within tol of max |want|, which may be near float64's
+    top (where a norm's squares would overflow); infinities the same."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    inf = np.isinf(want)
+    assert np.array_equal(got[inf], want[inf]), label
+    scale = np.abs(want[~inf]).max(initial=0.0)
+    assert np.abs(got[~inf] - want[~inf]).max(initial=0.0) <= tol * scale, label
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-5])
+def test_float64_rows_whose_squares_leave_float64_match_the_cpu(rng, eps):
+    # Redone as the CPU redoes them (row_exact), every term scaled by a
+    # power of two: where the sums overflowed or underflowed, y was NaN,
+    # infinite or zero.
+    # Within the SPEC's bar of the CPU's results: y and rstd, and the mean
+    # within it of the row's largest value.  (rstd itself passes float64's
+    # top where eps=0 meets a subnormal spread.)
+    tol = FORWARD_TOL[np.float64]
+    for x in float64_rows_past_their_sums_range(rng):
+        for fn in (lnfast.layer_norm_forward, lnfast.rms_norm_forward):
+            got, cpu = host(*fn(cp.asarray(x), eps=eps)), fn(x, eps=eps)
+            assert np.isfinite(got[0]).all()
+            for r in range(x.shape[0]):
+                label = (x.shape, r, fn.__name__)
+                assert_close(got[0][r], cpu[0][r], tol, label)
+                assert_close(got[-1][r], cpu[-1][r], tol, label)
+                if len(got) == 3:
+                    assert abs(got[1][r] - cpu[1][r]) <= tol * np.abs(x[r]).max(), label
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("rows", ["near the top", "tiny terms", "long"])
+def test_float64_backward_rows_past_float64s_range_match_mpmath(rng, centered, rows):
+    # The CPU tests' float64 rows that the backward redoes with its terms
+    # scaled (backward_exact): dx and dweight against mpmath, each dweight
+    # within rounding of its terms; and long rows of two such kinds, with an
+    # ordinary one (whose dweight terms the rounding of the mean and rstd
+    # can outweigh): within 1e-14 of each row's dx and of dweight.
+    if rows == "near the top":
+        (x, dy), eps = float64_rows_near_the_top(rng), 1e-5
+    elif rows == "tiny terms":
+        (x, dy), eps = float64_rows_of_tiny_terms(rng), 0.0
+    else:
+        x, dy = rng.standard_normal((3, 1024)), rng.standard_normal((3, 1024))
+        x[0] = x[0] / np.abs(x[0]).max() * 1.7e308
+        dy[0] *= 1e300
+        x[1] *= 1e-150
+        dy[1] *= 1e-200
+        eps = 0.0
+    fwd, bwd = ((lnfast.layer_norm_forward, lnfast.layer_norm_backward) if centered else
+                (lnfast.rms_norm_forward, lnfast.rms_norm_backward))
+    gx, gdy = gpu(x, dy)
+    dx, dw = host(*bwd(gdy, gx, *fwd(gx, eps=eps)[1:])[:2])
+    want = exact_backward(x, dy, eps, centered)
+    if rows != "long":
+        assert_backward_exact(dx, dw, want)
+        return
+    as_float = np.vectorize(float)
+    for r in range(x.shape[0]):
+        assert_close(dx[r], as_float(want[0][r]), 1e-14, r)
+    assert_close(dw, as_float(np.array(want[1], object)), 1e-14)
+
+
+@pytest.mark.parametrize("x, dy, w, centered, eps", REDO_ROWS)
+def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
+    # The CPU tests' rows whose dy * weight spans hundreds of orders of
+    # magnitude: each dx within rounding of its own terms and of the row
+    # sums' in any order (the blocks add them in a tree).
+    x, dy = np.array([x]), np.array([dy])
+    gx, gdy, gw = gpu(x, dy, None if w is None else np.array(w))
+    if centered:
+        _, mean, rstd = lnfast.layer_norm_forward(gx, gw, eps=eps)
+        dx = lnfast.layer_norm_backward(gdy, gx, mean, rstd, gw)[0]
+    else:
+        _, rstd = lnfast.rms_norm_forward(gx, gw, eps=eps)
+        dx = lnfast.rms_norm_backward(gdy, gx, rstd, gw)[0]
+    assert_dx_within_its_terms(host(dx)[0][0], x[0], dy[0], w, eps, centered, any_order=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -193,6 +193,35 @@ __device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
         v[k] = smem[k * 32];
 }
 
+// The largest of one double per thread over the block, as block_sum
+// reduces (NaN counts as no value, as for fmax; `lo` stands in for the
+// warps a block lacks).  Every thread gets it.
+__device__ double block_max(double v, double lo, double *smem /* [32] */)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    for (int off = 16; off > 0; off >>= 1)
+        v = fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
+    __syncthreads();            // smem may still be read from the last call
+    if (lane == 0)
+        smem[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double s = lane < nwarps ? smem[lane] : lo;
+        for (int off = 16; off > 0; off >>= 1)
+            s = fmax(s, __shfl_xor_sync(0xffffffffu, s, off));
+        if (lane == 0)
+            smem[0] = s;
+    }
+    __syncthreads();
+    return smem[0];
+}
+
+// float64's largest finite value and the powers of two the rows past its
+// sums' range are scaled by (the CPU's row_exact and backward_exact).
+constexpr double DMAX = 0x1.fffffffffffffp1023;
+constexpr int NO_EXPONENT = -0x7fffffff - 1;
+
 // ---------------------------------------------------------------------------
 // Forward: the sums of a row's x - shift and (x - shift)^2, in float64.
 // Unless EXACT, a TINY value of a Flushed type sets s[0] to tiny_mark(), which
@@ -239,6 +268,92 @@ __device__ __forceinline__ void row_map(const T *src, i64 inner,
         }
         store<T, VEC>(yr, j, a);
     }
+}
+
+// Whether a float64 row's sums serve (the CPU's row_ok): squares that
+// overflowed, or a variance below 1e-290 where the squares may have
+// underflowed (unless the row is constant and eps swamps it), do not; nor
+// does a row with NaN or infinity (redone, it stays so).
+__device__ __forceinline__ bool sums_ok(const double (&s)[2], double var, double eps)
+{
+    const double floor = 1e-290;
+    return (var >= floor || (s[0] == 0.0 && s[1] == 0.0 && eps >= floor)) && s[1] < 1e300;
+}
+
+// A float64 row that sums_ok turns down, every term in float64 (the CPU's
+// row_exact): x halved where x - x[0] could overflow (x / 2 is exact
+// there), the deviations d = x - x[0] (RMSNorm: x) scaled by the power of
+// two sc that brings the largest near 1, so that no square overflows or
+// underflows, and two passes (the mean of d, then the sums about it).  Any
+// finite row, at the cost of four reads.  Writes y; mean and rstd as
+// stored.  (Built for every T; only float64 rows come here.)
+template <typename T, int VEC, bool CENTERED>
+__device__ void row_exact(const T *src, i64 inner, const typename Math<T>::type *__restrict__ w,
+                          const typename Math<T>::type *__restrict__ b, T *yr, i64 D,
+                          double eps, double *smem, double &mean, double &rstd)
+{
+    typedef typename Math<T>::type F;
+    const i64 step = (i64)blockDim.x * VEC;
+    double big = 0.0;
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+        for (int k = 0; k < VEC; k++) {
+            const double a = fabs(to_d(src[(j + k) * inner]));
+            big = a <= DMAX && a > big ? a : big;
+        }
+    const double pre = block_max(big, 0.0, smem) > 0x1p1022 ? 0.5 : 1.0;
+    eps *= pre * pre;
+    const double shift = CENTERED ? to_d(src[0]) * pre : 0.0;
+    big = 0.0;
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+        for (int k = 0; k < VEC; k++) {
+            const double d = fabs(to_d(src[(j + k) * inner]) * pre - shift);
+            big = d <= DMAX && d > big ? d : big;
+        }
+    big = block_max(big, 0.0, smem);
+    double sc = 1.0;
+    if (big > 0.0) {
+        int e;
+        frexp(big, &e);
+        sc = ldexp(1.0, e > -1022 ? -e : 1022);     // (2^1024 overflows)
+    }
+    double m = 0.0;
+    if (CENTERED) {
+        double s[1] = {0.0};
+        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+            for (int k = 0; k < VEC; k++)
+                s[0] += (to_d(src[(j + k) * inner]) * pre - shift) * sc;
+        block_sum<1>(s, smem);
+        m = s[0] / D;
+    }
+    double s[2] = {0.0, 0.0};
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+        for (int k = 0; k < VEC; k++) {
+            const double d = (to_d(src[(j + k) * inner]) * pre - shift) * sc - m;
+            s[0] += d;
+            s[1] += d * d;
+        }
+    block_sum<2>(s, smem);
+    m += CENTERED ? s[0] / D : 0.0;
+    double var = CENTERED ? s[1] / D - (s[0] / D) * (s[0] / D) : s[1] / D;
+    var = var < 0.0 ? 0.0 : var;
+    // rstd = 1 / sqrt(var / sc^2 + eps), and y = (x - mean) rstd = (d sc - m)
+    // rs with rs = rstd / sc, from the scaled variance unless eps sc^2 overflows
+    double rs;
+    if (eps * sc * sc <= DMAX) {
+        rs = 1.0 / sqrt(var + eps * sc * sc);
+        rstd = rs * sc * pre;
+    } else {
+        rstd = 1.0 / sqrt(var / sc / sc + eps);
+        rs = rstd / sc;
+        rstd *= pre;
+    }
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+        for (int k = 0; k < VEC; k++) {
+            const i64 e = j + k;
+            const double d = ((to_d(src[e * inner]) * pre - shift) * sc - m) * rs * to_d(w[e]);
+            yr[e] = from_m<T>(fit<F>(CENTERED ? d + to_d(b[e]) : d));
+        }
+    mean = CENTERED ? (shift + m / sc) / pre : 0.0;
 }
 
 // Forward: one block per row (a grid-stride loop over rows).  With `res`,
@@ -296,11 +411,23 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
         }
         double var = s[1] / D - m * m;
         var = var < 0.0 ? 0.0 : var;    // clamp rounding below zero; NaN stays
+        T *yr = y + r * D;
+        if (sizeof(T) == 8 && !sums_ok(s, var, eps)) {
+            double mu, rsd;
+            row_exact<T, VEC, CENTERED>(src, inner, w, b, yr, D, eps, smem, mu, rsd);
+            if (threadIdx.x == 0) {
+                if (mean_out != nullptr)
+                    mean_out[r] = (S)mu;
+                if (rstd_out != nullptr)
+                    rstd_out[r] = (S)rsd;
+            }
+            __syncthreads();
+            continue;
+        }
         const double mean = shift + m, t = mean - shift;
         const double err = (shift - (mean - t)) + (m - t);  // mean + err == shift + m
         const double rstd = 1.0 / sqrt(var + eps);
         const F hi = fit<F>(mean), lo = fit<F>((mean - to_d(hi)) + err), rs = fit<F>(rstd);
-        T *yr = y + r * D;
         if (sizeof(F) == 4 && (exact || !(D * var < 1e72 && rstd > 1e-30 && rstd < 1e30)))
             row_map<double, T, VEC, CENTERED>(src, inner, w, b, yr, mean, err, rstd, D);
         else
@@ -379,6 +506,137 @@ __device__ __forceinline__ void grad_map(const T *xr, i64 x_in, const T *dyr, i6
     }
 }
 
+// Whether a float64 row's backward sums serve (the CPU's row_grad_ok):
+// not where they overflowed (with rstd > 0) or where the sum of g (x - m)
+// is so small that its terms may have underflowed.
+__device__ __forceinline__ bool grad_sums_ok(const double (&s)[3], double rs, i64 D)
+{
+    const double all = s[0] + s[1] + s[2];
+    if (rs > 0.0 && !(fabs(all) <= DMAX))
+        return false;
+    return !(fabs(s[2]) < D * 0x1p-960 && (s[2] != 0.0 || s[1] != 0.0));
+}
+
+// (x - m) up, exactly where it does not overflow or underflow: scaled down
+// (up < 1), x and m each before their difference.
+__device__ __forceinline__ double deviation(double x, double m, double up)
+{
+    return up < 1.0 ? x * up - m * up : (x - m) * up;
+}
+
+// g = dy w scaled by 2^-eg: the product of dy's and w's fractions (frexp),
+// rounded once, times 2 to its exponent less eg, so that the product itself
+// cannot leave the range where its scaled value does not.
+__device__ __forceinline__ double grad_term(double dy, double w, int eg)
+{
+    if (!eg)
+        return dy * w;
+    int a, b;
+    const double f = frexp(dy, &a) * frexp(w, &b);
+    return ldexp(f, a + b - eg);
+}
+
+// A float64 row that grad_sums_ok turns down, in float64 throughout with
+// its terms scaled where they would leave float64's range (the CPU's
+// backward_exact, which says why each scale): deviations from the mean all
+// below 2^-900 by 2^1000 (up), those past 2^960 to below 1; g = dy w by
+// 2^-eg where it is below 1 or its products with the deviations could
+// underflow, where it is near float64's top, or where the sums overflow;
+// dx then rstd scaled into [1, 2) times the scaled terms, scaled back once.
+// Writes dx (plus dz) and adds the row's dweight/dbias terms to pw, pb.
+// (Built for every T; only float64 rows come here.)
+template <typename T, int VEC, bool CENTERED>
+__device__ void grad_exact(const T *xr, i64 x_in, const T *dyr, i64 dy_in, const T *dzr,
+                           i64 dz_in, const typename Math<T>::type *__restrict__ w, T *dxr,
+                           double *pw, double *pb, double m, double rs, i64 D, double *smem)
+{
+    typedef typename Math<T>::type F;
+    const i64 step = (i64)blockDim.x * VEC;
+    // big: the largest |x - m| (infinite where it overflows); gb: the largest
+    // |dy w| (infinite where it overflows); bad: dy or w not finite
+    double big = 0.0, gb = 0.0, bad = 0.0;
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+        for (int k = 0; k < VEC; k++) {
+            const i64 e = j + k;
+            const double x = to_d(xr[e * x_in]), dy = to_d(dyr[e * dy_in]), wv = to_d(w[e]);
+            const double d = fabs(x - m), p = fabs(dy * wv);
+            big = big < d ? d : big;
+            if (!(fabs(dy) <= DMAX && fabs(wv) <= DMAX))
+                bad = 1.0;
+            else
+                gb = gb < p ? p : gb;
+        }
+    big = block_max(big, 0.0, smem);
+    gb = block_max(gb, 0.0, smem);
+    bad = block_max(bad, 0.0, smem);
+    double up = 1.0;
+    if (big < 0x1p-900)
+        up = 0x1p1000;
+    else if (big > 0x1p960)
+        up = big > DMAX ? 0x1p-1025 : ldexp(1.0, -ilogb(big) - 1);
+    // e: the exponent (frexp's) of the largest g, from the fractions' products
+    // where the largest product is not a normal number
+    int e = NO_EXPONENT;
+    if (bad == 0.0 && gb >= 0x1p-1022 && gb <= DMAX) {
+        frexp(gb, &e);
+    } else if (bad == 0.0) {
+        double top = -1e9;              // (no nonzero product)
+        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+            for (int k = 0; k < VEC; k++) {
+                const i64 i = j + k;
+                int a, b;
+                const double f = fabs(frexp(to_d(dyr[i * dy_in]), &a) * frexp(to_d(w[i]), &b));
+                if (f > 0.0)
+                    top = fmax(top, (double)(a + b - (f < 0.5)));
+            }
+        top = block_max(top, -1e9, smem);
+        e = top > -1e8 ? (int)top : NO_EXPONENT;
+    }
+    const int ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
+    int eg = e != NO_EXPONENT && (e < 0 || e + ed < -900 || e > 1000) ? e : 0;
+    // xhat = (deviation - c) rsx, unscaled where deviations are scaled down,
+    // scaled by up where they are scaled up
+    const double rsx = up < 1.0 ? rs / up : rs, xs = up < 1.0 ? 1.0 : up;
+    double c, mg, mgx;
+    for (int pass = 0;; pass++) {
+        double s[3] = {0.0, 0.0, 0.0};
+        for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+            for (int k = 0; k < VEC; k++) {
+                const i64 i = j + k;
+                const double d = deviation(to_d(xr[i * x_in]), m, up);
+                const double g = grad_term(to_d(dyr[i * dy_in]), to_d(w[i]), eg);
+                s[0] += d;
+                s[1] += g;
+                s[2] += g * d;
+            }
+        block_sum<3>(s, smem);
+        c = CENTERED ? s[0] / D : 0.0;
+        mg = CENTERED ? s[1] / D : 0.0;
+        mgx = rsx * (s[2] - c * s[1]) / D;
+        // sums that overflowed, or a mean(g xhat) xs past 2^1000 that could
+        // overflow the map, with finite dy and w: once more, g scaled
+        if (pass || eg || bad != 0.0 || e == NO_EXPONENT
+            || (fabs(mgx) < 0x1p1000 && fabs(s[1]) <= DMAX))
+            break;
+        eg = e;
+    }
+    const int er = eg && rs > 0.0 && rs <= DMAX ? ilogb(rs) : 0;
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
+        for (int k = 0; k < VEC; k++) {
+            const i64 i = j + k;
+            const double dy = to_d(dyr[i * dy_in]);
+            const double xh = (deviation(to_d(xr[i * x_in]), m, up) - c) * rsx;  // xhat xs
+            double d = (grad_term(dy, to_d(w[i]), eg) - mg) - xh * (mgx / xs) / xs;
+            d = eg ? ldexp(ldexp(rs, -er) * d, eg + er) : rs * d;
+            if (dzr != nullptr)
+                d += to_d(dzr[i * dz_in]);
+            dxr[i] = from_m<T>(fit<F>(d));
+            pw[i] += xs == 1.0 ? dy * xh : fabs(xh) >= 1.0 ? dy * (xh / xs) : dy * xh / xs;
+            if (CENTERED)
+                pb[i] += dy;
+        }
+}
+
 // Backward, step 1: block b takes the rows [b M / G, (b + 1) M / G) in order,
 // writes dx (plus dz), and sums dy * xhat and dy into its own partial rows
 // part[b][0:D] and part[b][D:2D].  Each column belongs to one thread, so the
@@ -416,6 +674,9 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
             block_sum<3>(s, smem);
             grad_map<double, T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb,
                                                m, rs, s, D);
+        } else if (sizeof(F) == 8 && !grad_sums_ok(s, rs, D)) {
+            grad_exact<T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb, m,
+                                         rs, D, smem);
         } else {
             grad_map<F, T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb,
                                           fit<F>(m), fit<F>(rs), s, D);
