@@ -161,17 +161,27 @@ __device__ __forceinline__ void store(T *row, i64 j, const Pack<T, VEC> &p)
     *reinterpret_cast<Pack<T, VEC> *>(row + j) = p;
 }
 
-// Sum of one double per thread over the block, in a fixed order: a butterfly
-// in each warp, then the warps' sums by warp 0.  Every thread gets the total.
-template <int N>
-__device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
+// The reductions of block_reduce: a sum, and a maximum where NaN counts as
+// no value (fmax's).
+struct Add {
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct Max {
+    __device__ double operator()(double a, double b) const { return fmax(a, b); }
+};
+
+// N doubles per thread reduced over the block by op, in a fixed order: a
+// butterfly in each warp, then the warps' results by warp 0 (`lo` stands in
+// for the warps a block lacks).  Every thread gets the results.
+template <int N, typename Op>
+__device__ void block_reduce(double (&v)[N], double *smem /* [32 * N] */, Op op, double lo)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = (blockDim.x + 31) >> 5;
 #pragma unroll
     for (int k = 0; k < N; k++)
         for (int off = 16; off > 0; off >>= 1)
-            v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+            v[k] = op(v[k], __shfl_xor_sync(0xffffffffu, v[k], off));
     __syncthreads();            // smem may still be read from the last call
     if (lane == 0)
         for (int k = 0; k < N; k++)
@@ -180,9 +190,9 @@ __device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
     if (warp == 0) {
 #pragma unroll
         for (int k = 0; k < N; k++) {
-            double s = lane < nwarps ? smem[k * 32 + lane] : 0.0;
+            double s = lane < nwarps ? smem[k * 32 + lane] : lo;
             for (int off = 16; off > 0; off >>= 1)
-                s += __shfl_xor_sync(0xffffffffu, s, off);
+                s = op(s, __shfl_xor_sync(0xffffffffu, s, off));
             if (lane == 0)
                 smem[k * 32] = s;
         }
@@ -193,32 +203,18 @@ __device__ void block_sum(double (&v)[N], double *smem /* [32 * N] */)
         v[k] = smem[k * 32];
 }
 
-// The largest of one double per thread over the block, as block_sum
-// reduces (NaN counts as no value, as for fmax; `lo` stands in for the
-// warps a block lacks).  Every thread gets it.
-__device__ double block_max(double v, double lo, double *smem /* [32] */)
+template <int N> __device__ void block_sum(double (&v)[N], double *smem)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    for (int off = 16; off > 0; off >>= 1)
-        v = fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
-    __syncthreads();            // smem may still be read from the last call
-    if (lane == 0)
-        smem[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double s = lane < nwarps ? smem[lane] : lo;
-        for (int off = 16; off > 0; off >>= 1)
-            s = fmax(s, __shfl_xor_sync(0xffffffffu, s, off));
-        if (lane == 0)
-            smem[0] = s;
-    }
-    __syncthreads();
-    return smem[0];
+    block_reduce<N>(v, smem, Add(), 0.0);
 }
 
-// float64's largest finite value and the powers of two the rows past its
-// sums' range are scaled by (the CPU's row_exact and backward_exact).
+template <int N> __device__ void block_max(double (&v)[N], double *smem, double lo)
+{
+    block_reduce<N>(v, smem, Max(), lo);
+}
+
+// float64's largest finite value, and grad_exact's mark of a row with no
+// nonzero dy * w (the CPU's INT_MIN).
 constexpr double DMAX = 0x1.fffffffffffffp1023;
 constexpr int NO_EXPONENT = -0x7fffffff - 1;
 
@@ -294,26 +290,27 @@ __device__ void row_exact(const T *src, i64 inner, const typename Math<T>::type 
 {
     typedef typename Math<T>::type F;
     const i64 step = (i64)blockDim.x * VEC;
-    double big = 0.0;
+    double top[1] = {0.0};          // the largest finite |x|, then |x pre - shift|
     for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
         for (int k = 0; k < VEC; k++) {
             const double a = fabs(to_d(src[(j + k) * inner]));
-            big = a <= DMAX && a > big ? a : big;
+            top[0] = a <= DMAX && a > top[0] ? a : top[0];
         }
-    const double pre = block_max(big, 0.0, smem) > 0x1p1022 ? 0.5 : 1.0;
+    block_max<1>(top, smem, 0.0);
+    const double pre = top[0] > 0x1p1022 ? 0.5 : 1.0;
     eps *= pre * pre;
     const double shift = CENTERED ? to_d(src[0]) * pre : 0.0;
-    big = 0.0;
+    top[0] = 0.0;
     for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
         for (int k = 0; k < VEC; k++) {
             const double d = fabs(to_d(src[(j + k) * inner]) * pre - shift);
-            big = d <= DMAX && d > big ? d : big;
+            top[0] = d <= DMAX && d > top[0] ? d : top[0];
         }
-    big = block_max(big, 0.0, smem);
+    block_max<1>(top, smem, 0.0);
     double sc = 1.0;
-    if (big > 0.0) {
+    if (top[0] > 0.0) {
         int e;
-        frexp(big, &e);
+        frexp(top[0], &e);
         sc = ldexp(1.0, e > -1022 ? -e : 1022);     // (2^1024 overflows)
     }
     double m = 0.0;
@@ -412,31 +409,27 @@ __global__ void norm_forward(ROWS(x), ROWS(res), T *z, T *y,
         double var = s[1] / D - m * m;
         var = var < 0.0 ? 0.0 : var;    // clamp rounding below zero; NaN stays
         T *yr = y + r * D;
+        S mo, ro;                       // mean and rstd as stored
         if (sizeof(T) == 8 && !sums_ok(s, var, eps)) {
             double mu, rsd;
             row_exact<T, VEC, CENTERED>(src, inner, w, b, yr, D, eps, smem, mu, rsd);
-            if (threadIdx.x == 0) {
-                if (mean_out != nullptr)
-                    mean_out[r] = (S)mu;
-                if (rstd_out != nullptr)
-                    rstd_out[r] = (S)rsd;
-            }
-            __syncthreads();
-            continue;
+            mo = (S)mu, ro = (S)rsd;
+        } else {
+            const double mean = shift + m, t = mean - shift;
+            const double err = (shift - (mean - t)) + (m - t);  // mean + err == shift + m
+            const double rstd = 1.0 / sqrt(var + eps);
+            const F hi = fit<F>(mean), lo = fit<F>((mean - to_d(hi)) + err), rs = fit<F>(rstd);
+            if (sizeof(F) == 4 && (exact || !(D * var < 1e72 && rstd > 1e-30 && rstd < 1e30)))
+                row_map<double, T, VEC, CENTERED>(src, inner, w, b, yr, mean, err, rstd, D);
+            else
+                row_map<F, T, VEC, CENTERED>(src, inner, w, b, yr, hi, lo, rs, D);
+            mo = CENTERED ? (S)hi : (S)0, ro = (S)rs;
         }
-        const double mean = shift + m, t = mean - shift;
-        const double err = (shift - (mean - t)) + (m - t);  // mean + err == shift + m
-        const double rstd = 1.0 / sqrt(var + eps);
-        const F hi = fit<F>(mean), lo = fit<F>((mean - to_d(hi)) + err), rs = fit<F>(rstd);
-        if (sizeof(F) == 4 && (exact || !(D * var < 1e72 && rstd > 1e-30 && rstd < 1e30)))
-            row_map<double, T, VEC, CENTERED>(src, inner, w, b, yr, mean, err, rstd, D);
-        else
-            row_map<F, T, VEC, CENTERED>(src, inner, w, b, yr, hi, lo, rs, D);
         if (threadIdx.x == 0) {
             if (mean_out != nullptr)
-                mean_out[r] = CENTERED ? (S)hi : (S)0;
+                mean_out[r] = mo;
             if (rstd_out != nullptr)
-                rstd_out[r] = (S)rs;
+                rstd_out[r] = ro;
         }
         __syncthreads();                // smem and z reused by the next row
     }
@@ -566,9 +559,9 @@ __device__ void grad_exact(const T *xr, i64 x_in, const T *dyr, i64 dy_in, const
             else
                 gb = gb < p ? p : gb;
         }
-    big = block_max(big, 0.0, smem);
-    gb = block_max(gb, 0.0, smem);
-    bad = block_max(bad, 0.0, smem);
+    double most[3] = {big, gb, bad};
+    block_max<3>(most, smem, 0.0);
+    big = most[0], gb = most[1], bad = most[2];
     double up = 1.0;
     if (big < 0x1p-900)
         up = 0x1p1000;
@@ -580,17 +573,17 @@ __device__ void grad_exact(const T *xr, i64 x_in, const T *dyr, i64 dy_in, const
     if (bad == 0.0 && gb >= 0x1p-1022 && gb <= DMAX) {
         frexp(gb, &e);
     } else if (bad == 0.0) {
-        double top = -1e9;              // (no nonzero product)
+        double top[1] = {-1e9};         // (no nonzero product)
         for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
             for (int k = 0; k < VEC; k++) {
                 const i64 i = j + k;
                 int a, b;
                 const double f = fabs(frexp(to_d(dyr[i * dy_in]), &a) * frexp(to_d(w[i]), &b));
                 if (f > 0.0)
-                    top = fmax(top, (double)(a + b - (f < 0.5)));
+                    top[0] = fmax(top[0], (double)(a + b - (f < 0.5)));
             }
-        top = block_max(top, -1e9, smem);
-        e = top > -1e8 ? (int)top : NO_EXPONENT;
+        block_max<1>(top, smem, -1e9);
+        e = top[0] > -1e8 ? (int)top[0] : NO_EXPONENT;
     }
     const int ed = up < 1.0 || big == 0.0 ? 0 : ilogb(big * up);
     int eg = e != NO_EXPONENT && (e < 0 || e + ed < -900 || e > 1000) ? e : 0;
