@@ -21,6 +21,21 @@ def same(got, want):
     assert got.tobytes() == want.tobytes()
 
 
+def exact_forward_row(x, w, b, eps, centered):
+    """The SPEC's forward of one float64 row in mpmath (256 bits), rounded
+    to float64 (b unused where not centered: RMSNorm)."""
+    import mpmath
+
+    mpmath.mp.prec = 256
+    xs = [mpmath.mpf(float(v)) for v in x]
+    D = len(xs)
+    m = sum(xs) / D if centered else 0
+    rs = 1 / mpmath.sqrt(sum((v - m) ** 2 for v in xs) / D + mpmath.mpf(eps))
+    return np.array([float((v - m) * rs * mpmath.mpf(float(w[j]))
+                           + (mpmath.mpf(float(b[j])) if centered else 0))
+                     for j, v in enumerate(xs)])
+
+
 def exact_backward_row(x, dy, w, eps, centered):
     """The SPEC's backward of one float64 row in mpmath (256 bits) on x, dy
     and w (None: ones) as given: rstd, xhat, g = dy * w, mean(g) (0 for
@@ -142,3 +157,58 @@ REDO_ROWS = [
     ([1e-126, -3e-126, 0.0], [11.2, 2.1e-144, 1.0], [1.9e-193, 1.3e-71, 1e-200], True, 0.0),
     ([1e-300, 0.0], [1e-100, 1e-165], [1.0, 1e-165], False, 0.0),
     ([0.0, 0.0], [1e-100, 1e-200], [1e-100, 1e-200], False, 1e-300)]
+
+
+def dx_of_rows_with_bad_dy(rng, dtype, axis, device=None, host=None):
+    """(dx of every backward, on the host, for rows with an infinity or NaN
+    in dy among ordinary ones; which rows hold them).  axis 1 of (N, C, H,
+    W): rows far apart (tiles); axis -1: contiguous rows.  device, host:
+    the arrays to the device the kernels run on (cupy.asarray), and back."""
+    import lnfast
+
+    device = device or (lambda a: a)
+    host = host or (lambda a: a)
+    shape = (2, 7, 4, 5) if axis == 1 else (6, 7)
+    x, dy, dz = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    rows = np.moveaxis(dy, axis, -1)            # a view: writes reach dy
+    bad = np.zeros(rows.shape[:-1], bool)
+    for k, v in zip(((0, 1, 1), (1, 2, 3), (1, 0, 2)) if axis == 1 else ((1,), (2,), (4,)),
+                    (np.inf, -np.inf, np.nan)):
+        rows[k][3] = v
+        bad[k] = True
+    w = (rng.standard_normal(7) + 2).astype(dtype)
+    x, dy, dz, w = (device(a) for a in (x, dy, dz, w))
+    _, mean, rstd = lnfast.layer_norm_forward(x, w, w, axis=axis)
+    out = [lnfast.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)[0],
+           lnfast.layer_norm_backward(dy, x, mean, rstd, axis=axis)[0]]
+    _, rs = lnfast.rms_norm_forward(x, w, axis=axis)
+    out.append(lnfast.rms_norm_backward(dy, x, rs, w, axis=axis)[0])
+    _, z, mean, rstd = lnfast.add_layer_norm_forward(x, x, w, w, axis=axis)
+    out.append(lnfast.add_layer_norm_backward(dy, z, mean, rstd, w, dz=dz, axis=axis)[0])
+    return [np.moveaxis(host(d), axis, -1).astype(np.float64) for d in out], bad
+
+
+# float64 rows (x, eps, weight) whose deviations, scaled up by a power of two
+# sc, meet an eps whose eps sc^2 overflows, with large weights.
+TINY_SPREAD_ROWS = [
+    ([1e-200, -1e-200, 5e-201], 1e300, 1e300),
+    ([1e-310, -2e-310, 3e-310], 1e40, 1e300),
+    ([1e-310, -2e-310, 3e-310], 1e10, 1.0),
+    ([1e-200, -1e-200, 5e-201, 0.0], 1e-5, 1e300)]
+
+
+def assert_tiny_spread_row_exact(x, eps, w, device=None, host=None):
+    """layer_norm and rms_norm of a TINY_SPREAD_ROWS row within 1e-14 of
+    mpmath's (device, host: as dx_of_rows_with_bad_dy's)."""
+    import lnfast
+
+    device = device or (lambda a: a)
+    host = host or (lambda a: a)
+    x = np.array([x])
+    wv, bv = np.full(x.shape[1], w), np.zeros(x.shape[1])
+    for centered in (True, False):
+        args = [device(a) for a in (x, wv, bv)]
+        got = host(lnfast.layer_norm(*args, eps=eps) if centered else
+                   lnfast.rms_norm(*args[:2], eps=eps))[0]
+        want = exact_forward_row(x[0], wv, bv, eps, centered)
+        assert np.allclose(got, want, rtol=1e-14, atol=0), (centered, got, want)

@@ -13,9 +13,10 @@ import lnfast
 from lnfast import _cpu, _kernels, _pool
 from lnfast import reference as ref
 
-from .helpers import (REDO_ROWS, assert_backward_exact, assert_dx_within_its_terms,
-                      exact_backward, float64_rows_near_the_top, float64_rows_of_tiny_terms,
-                      same)
+from .helpers import (REDO_ROWS, TINY_SPREAD_ROWS, assert_backward_exact,
+                      assert_dx_within_its_terms, assert_tiny_spread_row_exact,
+                      dx_of_rows_with_bad_dy, exact_backward, float64_rows_near_the_top,
+                      float64_rows_of_tiny_terms, same)
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
@@ -532,3 +533,23 @@ def test_rows_whose_squares_all_underflow_are_not_taken_for_constant():
     x = np.array([[1e-23, -1e-23]], np.float32)
     rstd = lnfast.rms_norm_forward(x, eps=1e-47)[1]
     assert abs(rstd[0] / (1 / np.sqrt(1e-46 + 1e-47)) - 1) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("axis", [-1, 1], ids=["rows", "tiles"])
+def test_an_infinity_or_nan_in_dy_makes_every_dx_of_its_row_nan(rng, dtype, axis):
+    # api.md: NaN or infinity in a row makes that row's outputs NaN.  mean(g)
+    # is then infinite, and g - mean(g) - xhat mean(g xhat) gave -inf, not
+    # NaN, for some elements (which, by the sign of a rounding residual).
+    dxs, bad = dx_of_rows_with_bad_dy(rng, dtype, axis)
+    for dx in dxs:
+        assert np.isnan(dx[bad]).all()
+        assert np.isfinite(dx[~bad]).all()
+
+
+@pytest.mark.parametrize("x, eps, w", TINY_SPREAD_ROWS)
+def test_float64_rows_of_tiny_spread_against_a_large_eps(x, eps, w):
+    # Deviations far below 1 scaled up by a power of two sc, whose eps sc^2
+    # overflows: rstd / sc underflowed there, before the product with w,
+    # and y lost its digits (zeros).
+    assert_tiny_spread_row_exact(x, eps, w)

@@ -6,8 +6,9 @@ import pytest
 
 import lnfast
 from lnfast import reference as ref
-from tests.helpers import (BACKWARD_TOL, DTYPES, FORWARD_TOL, REDO_ROWS, assert_backward_exact,
-                           assert_dx_within_its_terms, exact_backward,
+from tests.helpers import (BACKWARD_TOL, DTYPES, FORWARD_TOL, REDO_ROWS, TINY_SPREAD_ROWS,
+                           assert_backward_exact, assert_dx_within_its_terms,
+                           assert_tiny_spread_row_exact, dx_of_rows_with_bad_dy, exact_backward,
                            float64_rows_near_the_top, float64_rows_of_tiny_terms)
 
 cp = pytest.importorskip("cupy")
@@ -264,6 +265,23 @@ def test_float64_backward_redo_keeps_each_term(x, dy, w, centered, eps):
         _, rstd = lnfast.rms_norm_forward(gx, gw, eps=eps)
         dx = lnfast.rms_norm_backward(gdy, gx, rstd, gw)[0]
     assert_dx_within_its_terms(host(dx)[0][0], x[0], dy[0], w, eps, centered, any_order=True)
+
+
+@pytest.mark.parametrize("x, eps, w", TINY_SPREAD_ROWS)
+def test_float64_rows_of_tiny_spread_against_a_large_eps(x, eps, w):
+    # The CPU test's rows, whose rstd / sc underflowed before the product
+    # with the weight (y zero) where eps sc^2 overflows.
+    assert_tiny_spread_row_exact(x, eps, w, cp.asarray, cp.asnumpy)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("axis", [-1, 1], ids=["rows", "tiles"])
+def test_an_infinity_or_nan_in_dy_makes_every_dx_of_its_row_nan(rng, dtype, axis):
+    # As on the CPU: every dx of such a row NaN, where some came out -inf.
+    dxs, bad = dx_of_rows_with_bad_dy(rng, dtype, axis, cp.asarray, cp.asnumpy)
+    for dx in dxs:
+        assert np.isnan(dx[bad]).all()
+        assert np.isfinite(dx[~bad]).all()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -229,6 +229,11 @@ static void F(backward_exact)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             break;
         eg = e;
     }
+    /* An infinity or NaN in dy or w (sums not finite, as no finite row's
+     * are here): every dx of the row NaN, where some would come out
+     * infinite, as the GPU's (api.md); dweight's terms as they are. */
+    if (!(fabs(s1) <= DBL_MAX && fabs(s2) <= DBL_MAX))
+        mgx = NAN;
     if (eg && rs > 0.0 && rs <= DBL_MAX)
         er = ilogb(rs);
     for (ptrdiff_t i = 0; i < D; i++) {

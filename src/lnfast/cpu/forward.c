@@ -31,6 +31,16 @@ static ptrdiff_t tile_scratch(int pairs)
 }
 enum { PARAM_ROWS = 2 };        /* 16-bit weight and bias, widened per thread */
 
+/* t w 2**e, with w's own power of two applied with e, last and once
+ * (frexp), so that no partial product leaves float64's range where the
+ * result does not (row_exact). */
+static inline double scaled_product(double t, double w, int e)
+{
+    int ew;
+    double fw = frexp(w, &ew);
+    return ldexp(t * fw, ew + e);
+}
+
 #define REAL float
 #define REAL_F64 0
 #define NATIVE LNF_FLOAT32

@@ -146,7 +146,7 @@ static void F(row_exact)(const REAL *x, REAL *y, const REAL *w, const REAL *b, p
     eps = eps * pre * pre;
     double shift = (centered ? (double)x[0] : 0.0) * pre;
     double big = 0.0, sc = 1.0, m = 0.0, s1 = 0.0, s2 = 0.0, d, var, rs, rstd;
-    int e;
+    int e, esc = 0;     /* sc = 2**esc */
     for (ptrdiff_t i = 0; i < D; i++) {
         d = fabs((double)x[i] * pre - shift);
         if (big < d && d <= DBL_MAX)
@@ -154,7 +154,8 @@ static void F(row_exact)(const REAL *x, REAL *y, const REAL *w, const REAL *b, p
     }
     if (big > 0.0) {
         frexp(big, &e);
-        sc = ldexp(1.0, e > -1022 ? -e : 1022);      /* (2**1024 overflows) */
+        esc = e > -1022 ? -e : 1022;                /* (2**1024 overflows) */
+        sc = ldexp(1.0, esc);
     }
     if (centered) {
         for (ptrdiff_t i = 0; i < D; i++)
@@ -170,17 +171,22 @@ static void F(row_exact)(const REAL *x, REAL *y, const REAL *w, const REAL *b, p
     var = centered ? s2 / D - (s1 / D) * (s1 / D) : s2 / D;
     var = var < 0.0 ? 0.0 : var;
     /* rstd = 1 / sqrt(var / sc^2 + eps) and y = (x - mean) rstd = (d sc - m) rs
-     * with rs = rstd / sc, from the scaled variance unless eps sc^2 overflows. */
-    if (eps * sc * sc <= DBL_MAX) {
+     * with rs = rstd / sc, from the scaled variance unless eps sc^2 overflows;
+     * there rstd / sc can underflow, so that y is (d sc - m) rstd w / sc with
+     * the powers of two of rstd, w and 1 / sc applied last, once (the GPU's
+     * row_exact does the same). */
+    int apart = !(eps * sc * sc <= DBL_MAX), er = 0;
+    if (!apart) {
         rs = 1.0 / sqrt(var + eps * sc * sc);
         rstd = rs * sc * pre;
     } else {
         rstd = 1.0 / sqrt(var / sc / sc + eps);
-        rs = rstd / sc;
+        rs = frexp(rstd, &er);  /* rstd's fraction */
         rstd *= pre;
     }
     for (ptrdiff_t i = 0; i < D; i++) {
-        d = (((double)x[i] * pre - shift) * sc - m) * rs * w[i % wp];
+        d = ((double)x[i] * pre - shift) * sc - m;
+        d = apart ? scaled_product(d * rs, w[i % wp], er - esc) : d * rs * w[i % wp];
         y[i] = (REAL)(centered ? d + b[i % bp] : d);
     }
     k[0] = (REAL)((shift + m / sc) / pre);

@@ -86,11 +86,16 @@ __device__ __forceinline__ float to_float(double v)
     return __uint_as_float((__double_as_longlong(v) < 0 ? 0x80000000u : 0u) | m);
 }
 
+__device__ __forceinline__ double quiet_nan()
+{
+    return __longlong_as_double(0x7ff8000000000000LL);
+}
+
 // The mark a row sum gets when its row holds TINY values: a quiet NaN, which
 // sends the row to the float64 path as a NaN in the data does.
 __device__ __forceinline__ double tiny_mark()
 {
-    return __longlong_as_double(0x7ff8000000000000LL);
+    return quiet_nan();
 }
 
 // a + b, for the residual and dz: exactly in float64 and rounded once where
@@ -266,6 +271,16 @@ __device__ __forceinline__ void row_map(const T *src, i64 inner,
     }
 }
 
+// t w 2^e, with w's own power of two applied with e, last and once (frexp),
+// so that no partial product leaves float64's range where the result does
+// not (row_exact; the CPU's scaled_product).
+__device__ __forceinline__ double scaled_product(double t, double w, int e)
+{
+    int ew;
+    const double fw = frexp(w, &ew);
+    return ldexp(t * fw, ew + e);
+}
+
 // Whether a float64 row's sums serve (the CPU's row_ok): squares that
 // overflowed, or a variance below 1e-290 where the squares may have
 // underflowed (unless the row is constant and eps swamps it), do not; nor
@@ -308,10 +323,12 @@ __device__ void row_exact(const T *src, i64 inner, const typename Math<T>::type 
         }
     block_max<1>(top, smem, 0.0);
     double sc = 1.0;
+    int esc = 0;                    // sc = 2^esc
     if (top[0] > 0.0) {
         int e;
         frexp(top[0], &e);
-        sc = ldexp(1.0, e > -1022 ? -e : 1022);     // (2^1024 overflows)
+        esc = e > -1022 ? -e : 1022;                // (2^1024 overflows)
+        sc = ldexp(1.0, esc);
     }
     double m = 0.0;
     if (CENTERED) {
@@ -334,20 +351,26 @@ __device__ void row_exact(const T *src, i64 inner, const typename Math<T>::type 
     double var = CENTERED ? s[1] / D - (s[0] / D) * (s[0] / D) : s[1] / D;
     var = var < 0.0 ? 0.0 : var;
     // rstd = 1 / sqrt(var / sc^2 + eps), and y = (x - mean) rstd = (d sc - m)
-    // rs with rs = rstd / sc, from the scaled variance unless eps sc^2 overflows
+    // rs with rs = rstd / sc, from the scaled variance unless eps sc^2
+    // overflows; there rstd / sc can underflow, so that y is (d sc - m) rstd
+    // w / sc with the powers of two of rstd, w and 1 / sc applied last, once
+    // (the CPU's row_exact does the same)
+    const bool apart = !(eps * sc * sc <= DMAX);
     double rs;
-    if (eps * sc * sc <= DMAX) {
+    int er = 0;
+    if (!apart) {
         rs = 1.0 / sqrt(var + eps * sc * sc);
         rstd = rs * sc * pre;
     } else {
         rstd = 1.0 / sqrt(var / sc / sc + eps);
-        rs = rstd / sc;
+        rs = frexp(rstd, &er);      // rstd's fraction
         rstd *= pre;
     }
     for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
         for (int k = 0; k < VEC; k++) {
             const i64 e = j + k;
-            const double d = ((to_d(src[e * inner]) * pre - shift) * sc - m) * rs * to_d(w[e]);
+            const double u = (to_d(src[e * inner]) * pre - shift) * sc - m, wv = to_d(w[e]);
+            const double d = apart ? scaled_product(u * rs, wv, er - esc) : u * rs * wv;
             yr[e] = from_m<T>(fit<F>(CENTERED ? d + to_d(b[e]) : d));
         }
     mean = CENTERED ? (shift + m / sc) / pre : 0.0;
@@ -464,6 +487,14 @@ __device__ __forceinline__ void grad_sums(const T *xr, i64 x_in, const T *dyr, i
         s[0] = tiny_mark();
 }
 
+// v, or NaN where a row's sums of g and g (x - m) are not finite (an
+// infinity or NaN in dy or w): mean(g xhat) then makes every dx of the row
+// NaN, where some would come out infinite (the CPU's backward_exact).
+__device__ __forceinline__ double nan_unless_finite(double v, const double (&s)[3])
+{
+    return fabs(s[1]) <= DMAX && fabs(s[2]) <= DMAX ? v : quiet_nan();
+}
+
 // The map of a row: dx (plus dz) from its sums s, in C as grad_sums, and
 // the row's dweight/dbias terms added to the block's partial rows.
 template <typename C, typename T, int VEC, bool CENTERED>
@@ -476,7 +507,7 @@ __device__ __forceinline__ void grad_map(const T *xr, i64 x_in, const T *dyr, i6
     typedef typename Math<T>::type F;
     const double c = CENTERED ? s[0] / D : 0.0;
     const C cr = (C)c, mg = CENTERED ? (C)(s[1] / D) : (C)0;
-    const C mgx = (C)((double)rs * (s[2] - c * s[1]) / D);
+    const C mgx = (C)nan_unless_finite((double)rs * (s[2] - c * s[1]) / D, s);
     for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC) {
         Pack<T, VEC> a = load<T, VEC>(xr, j, x_in), g = load<T, VEC>(dyr, j, dy_in);
         Pack<F, VEC> wp = load<F, VEC>(w, j, 1);
@@ -590,9 +621,9 @@ __device__ void grad_exact(const T *xr, i64 x_in, const T *dyr, i64 dy_in, const
     // xhat = (deviation - c) rsx, unscaled where deviations are scaled down,
     // scaled by up where they are scaled up
     const double rsx = up < 1.0 ? rs / up : rs, xs = up < 1.0 ? 1.0 : up;
-    double c, mg, mgx;
+    double c, mg, mgx, s[3];
     for (int pass = 0;; pass++) {
-        double s[3] = {0.0, 0.0, 0.0};
+        s[0] = s[1] = s[2] = 0.0;
         for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
             for (int k = 0; k < VEC; k++) {
                 const i64 i = j + k;
@@ -613,6 +644,7 @@ __device__ void grad_exact(const T *xr, i64 x_in, const T *dyr, i64 dy_in, const
             break;
         eg = e;
     }
+    mgx = nan_unless_finite(mgx, s);
     const int er = eg && rs > 0.0 && rs <= DMAX ? ilogb(rs) : 0;
     for (i64 j = (i64)threadIdx.x * VEC; j < D; j += step)
         for (int k = 0; k < VEC; k++) {
