@@ -212,3 +212,42 @@ def assert_tiny_spread_row_exact(x, eps, w, device=None, host=None):
                    lnfast.rms_norm(*args[:2], eps=eps))[0]
         want = exact_forward_row(x[0], wv, bv, eps, centered)
         assert np.allclose(got, want, rtol=1e-14, atol=0), (centered, got, want)
+
+
+# Rows (x, dy, weight value, eps, dtype) whose every dy * weight underflows
+# (float64), or is flushed on a GPU (float32, 1e-40), while rstd makes the
+# true dx a normal number.
+UNDERFLOWED_PRODUCT_ROWS = [
+    ([1e-150, -1e-150, 5e-151], [1e-200, 2e-200, -1e-200], 1e-150, 0.0, np.float64),
+    ([1e-150, -1e-150, 5e-151, 2e-151, -3e-151], [1e-200, 2e-200, -1e-200, 0.0, 3e-200],
+     1e-150, 0.0, np.float64),
+    ([1e-20, -1e-20, 5e-21], [1e-25, 2e-25, -1e-25], 1e-25, 0.0, np.float32),
+    ([1e-3, -1e-3, 5e-4], [1e-20, 2e-20, -1e-20], 1e-20, 1e-5, np.float32)]
+
+
+def assert_underflowed_products_redone(x, dy, wv, eps, dtype, device=None, host=None):
+    """dx of an UNDERFLOWED_PRODUCT_ROWS row, among padding rows (dy zero)
+    of the same x, within 1e-6 (float32) or 1e-14 of mpmath's, by rows,
+    tiles (Fortran order) and strided rows; the padding rows' dx zero
+    (device, host: as dx_of_rows_with_bad_dy's)."""
+    import lnfast
+
+    device = device or (lambda a: a)
+    host = host or (lambda a: a)
+    x = np.tile(np.array(x), (40, 1)).astype(dtype)
+    dy = np.tile(np.array(dy), (40, 1)).astype(dtype)
+    dy[::2] = 0
+    w = np.full(x.shape[1], wv, dtype)
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    for centered in (True, False):
+        fwd, bwd = ((lnfast.layer_norm_forward, lnfast.layer_norm_backward) if centered else
+                    (lnfast.rms_norm_forward, lnfast.rms_norm_backward))
+        rs, xh, g, mg, mgx = exact_backward_row(x[1], dy[1], w, eps, centered)
+        want = np.array([float(rs * (gi - mg - h * mgx)) for gi, h in zip(g, xh)])
+        for way, order in (("rows", lambda a: a), ("tiles", np.asfortranarray),
+                           ("strided", lambda a: a[..., ::-1])):
+            gx, gdy, gw = (device(order(a)) for a in (x, dy, w))
+            got = host(bwd(gdy, gx, *fwd(gx, gw, eps=eps)[1:], gw)[0])
+            got = got[:, ::-1] if way == "strided" else got
+            assert np.abs(got[1] - want).max() <= tol * np.abs(want).max(), (way, centered)
+            assert (got[::2] == 0).all(), (way, centered)

@@ -13,8 +13,9 @@ import lnfast
 from lnfast import _cpu, _kernels, _pool
 from lnfast import reference as ref
 
-from .helpers import (REDO_ROWS, TINY_SPREAD_ROWS, assert_backward_exact,
-                      assert_dx_within_its_terms, assert_tiny_spread_row_exact,
+from .helpers import (REDO_ROWS, TINY_SPREAD_ROWS, UNDERFLOWED_PRODUCT_ROWS,
+                      assert_backward_exact, assert_dx_within_its_terms,
+                      assert_tiny_spread_row_exact, assert_underflowed_products_redone,
                       dx_of_rows_with_bad_dy, exact_backward, float64_rows_near_the_top,
                       float64_rows_of_tiny_terms, same)
 
@@ -553,3 +554,11 @@ def test_float64_rows_of_tiny_spread_against_a_large_eps(x, eps, w):
     # overflows: rstd / sc underflowed there, before the product with w,
     # and y lost its digits (zeros).
     assert_tiny_spread_row_exact(x, eps, w)
+
+
+@pytest.mark.parametrize("x, dy, w, eps, dtype", UNDERFLOWED_PRODUCT_ROWS)
+def test_rows_whose_products_all_underflow_are_not_taken_for_padding(x, dy, w, eps, dtype):
+    # g = dy * w sums to exactly zero, as in a padding row (dy zero), but
+    # dy and w are not zero: their products underflowed, and dx came out 0
+    # where rstd makes the true one normal.  Redone; the padding rows stay 0.
+    assert_underflowed_products_redone(x, dy, w, eps, dtype)

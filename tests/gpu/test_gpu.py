@@ -7,9 +7,10 @@ import pytest
 import lnfast
 from lnfast import reference as ref
 from tests.helpers import (BACKWARD_TOL, DTYPES, FORWARD_TOL, REDO_ROWS, TINY_SPREAD_ROWS,
-                           assert_backward_exact, assert_dx_within_its_terms,
-                           assert_tiny_spread_row_exact, dx_of_rows_with_bad_dy, exact_backward,
-                           float64_rows_near_the_top, float64_rows_of_tiny_terms)
+                           UNDERFLOWED_PRODUCT_ROWS, assert_backward_exact,
+                           assert_dx_within_its_terms, assert_tiny_spread_row_exact,
+                           assert_underflowed_products_redone, dx_of_rows_with_bad_dy,
+                           exact_backward, float64_rows_near_the_top, float64_rows_of_tiny_terms)
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -282,6 +283,13 @@ def test_an_infinity_or_nan_in_dy_makes_every_dx_of_its_row_nan(rng, dtype, axis
     for dx in dxs:
         assert np.isnan(dx[bad]).all()
         assert np.isfinite(dx[~bad]).all()
+
+
+@pytest.mark.parametrize("x, dy, w, eps, dtype", UNDERFLOWED_PRODUCT_ROWS)
+def test_rows_whose_products_all_underflow_are_not_taken_for_padding(x, dy, w, eps, dtype):
+    # As on the CPU; float32 products of 1e-40 are flushed here (-ftz=true),
+    # so that such a row's g summed to zero and its dx came out 0.
+    assert_underflowed_products_redone(x, dy, w, eps, dtype, cp.asarray, cp.asnumpy)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -163,6 +163,56 @@ static inline double *chunk_part(const lnf_reduction *p, ptrdiff_t c)
     return p->part != NULL ? p->part + p->stride * c : NULL;
 }
 
+/* Eight bytes of elements of isz bytes, each less its sign bit. */
+static inline uint64_t lnf_unsigned_mask(ptrdiff_t isz)
+{
+    const uint64_t e64 = 0x7fffffffffffffffu;
+    const uint32_t e32 = 0x7fffffffu;
+    const uint16_t e16 = 0x7fff;
+    unsigned char bytes[8];
+    for (ptrdiff_t i = 0; i < 8; i += isz)
+        memcpy(bytes + i, isz == 8 ? (const void *)&e64 : isz == 4 ? (const void *)&e32
+                                                                   : (const void *)&e16,
+               (size_t)isz);
+    uint64_t mask;
+    memcpy(&mask, bytes, sizeof mask);
+    return mask;
+}
+
+/* Whether the first n (a multiple of 8) bytes at p, elements of the mask's
+ * kind (lnf_unsigned_mask), are all zeros of either sign (built for each
+ * instruction set: a padding row's dy is read once more by it). */
+LNF_CLONES static int lnf_words_zero(const void *p, ptrdiff_t n, uint64_t mask)
+{
+    uint64_t acc = 0, v;
+    for (ptrdiff_t i = 0; i < n; i += 8) {
+        memcpy(&v, (const char *)p + i, sizeof v);
+        acc |= v & mask;
+    }
+    return acc == 0;
+}
+
+/* Whether row r of m's D elements is all zeros (of either sign): where
+ * its elements are adjacent, 8 bytes at a time. */
+static inline int lnf_row_zero(const lnf_array *m, ptrdiff_t r, ptrdiff_t D)
+{
+    const char *p = lnf_row(m, r);
+    ptrdiff_t isz = lnf_itemsize(m->dtype), n = m->inner == isz ? D * isz - D * isz % 8 : 0;
+    uint64_t mask = lnf_unsigned_mask(isz), v;
+    if (!lnf_words_zero(p, n, mask))
+        return 0;
+    for (ptrdiff_t i = n / isz; i < D; i++) {
+        v = 0;
+        memcpy(&v, p + i * m->inner, (size_t)isz);
+        if (v & mask)                   /* (the first element's bytes) */
+            return 0;
+    }
+    return 1;
+}
+
+/* row_grad_ok's answer for a row whose g sums to exactly zero. */
+enum { LNF_GRAD_ZERO = 2 };
+
 #define REAL float
 #define REAL_F64 0
 #include "backward_rows.h"

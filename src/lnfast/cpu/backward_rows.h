@@ -14,8 +14,9 @@
  * returns 0 for them): rows whose sums came out infinite or NaN (float32:
  * past 1e300), and rows whose terms g * (x - mean) are tiny on average
  * (LNF_TINY_TERMS_*), where deviations or dweight terms may be rounded to
- * subnormals.  Rows where g sums to zero too (dy zero: padding) lose
- * nothing there and are not redone; rows whose deviations are all zero
+ * subnormals.  Rows where g sums to zero too lose nothing there and are
+ * not redone where dy is all zero (padding), but are where their products
+ * dy w underflowed (row_grad_ok); rows whose deviations are all zero
  * (constant rows) are redone unless dy is zero, since a row of a few
  * subnormal values can sum to exactly zero as well.
  *
@@ -35,7 +36,11 @@ static inline void F(row_grad_k)(double s0, double s1, double s2, double D, int 
     k[4] = (REAL)(rstd * (s2 - c * s1) / D);                    /* mean(g * xhat) */
 }
 
-/* Whether row_grad_k's row serves (else backward_exact redoes it). */
+/* Whether row_grad_k's row serves (1; else backward_exact redoes it, 0),
+ * or its g and g (x - mean) sum to exactly zero (LNF_GRAD_ZERO): padding
+ * where its dy is all zero (the callers look: row_grad_scalars,
+ * tile_zero_lanes), and it serves; else its products dy w underflowed (dy
+ * and w both near 1e-200), and it is redone. */
 static inline int F(row_grad_ok)(double s0, double s1, double s2, double D, double rstd)
 {
     double tiny = REAL_F64 ? LNF_TINY_TERMS_F64 : LNF_TINY_TERMS_F32;
@@ -44,14 +49,33 @@ static inline int F(row_grad_ok)(double s0, double s1, double s2, double D, doub
      * outputs are NaN either way) */
     if (REAL_F64 ? rstd > 0.0 && !(fabs(all) <= DBL_MAX) : !(-1e300 < all && all < 1e300))
         return 0;
-    return !(fabs(s2) < D * tiny && (s2 != 0.0 || s1 != 0.0));
+    if (s1 == 0.0 && s2 == 0.0)
+        return LNF_GRAD_ZERO;
+    return !(fabs(s2) < D * tiny);
 }
 
+/* row_grad_k and row_grad_ok of row r (dy: its array, read again where g
+ * sums to zero). */
 static inline int F(row_grad_scalars)(const double *s, ptrdiff_t D, int centered, REAL mean,
-                                      REAL rstd, REAL *k)
+                                      REAL rstd, REAL *k, const lnf_array *dy, ptrdiff_t r)
 {
     F(row_grad_k)(s[0], s[1], s[2], (double)D, centered, mean, rstd, k);
-    return F(row_grad_ok)(s[0], s[1], s[2], (double)D, rstd);
+    int ok = F(row_grad_ok)(s[0], s[1], s[2], (double)D, rstd);
+    return ok == LNF_GRAD_ZERO ? lnf_row_zero(dy, r, D) : ok;
+}
+
+/* zero[j]: whether lane j of a tile's dy (dys: D columns of LNF_TILE
+ * values) is all zeros; at once where the whole tile is (padding). */
+static void F(tile_zero_lanes)(const REAL *dys, ptrdiff_t D, int *zero)
+{
+    enum { T = LNF_TILE };
+    int all = lnf_words_zero(dys, D * T * (ptrdiff_t)sizeof(REAL),
+                             lnf_unsigned_mask(sizeof(REAL)));
+    for (int j = 0; j < T; j++) {
+        zero[j] = 1;
+        for (ptrdiff_t i = 0; i < D && !all && zero[j]; i++)
+            zero[j] = dys[i * T + j] == 0;
+    }
 }
 
 /* row_grad_k of a tile's LNF_TILE lanes (sums s[j], s[T + j], s[2 T + j];
@@ -277,7 +301,7 @@ static void F(backward_block)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     ops->grad_sums(lnf_row(&a->x, r0), lnf_row(&a->dy, r0), w, c ? mean[r0] : 0, s, D, NULL,
                    NULL);
     for (ptrdiff_t r = r0; r < r1; r++) {
-        if (!F(row_grad_scalars)(s, D, c, c ? mean[r] : 0, rstd[r], k)) {
+        if (!F(row_grad_scalars)(s, D, c, c ? mean[r] : 0, rstd[r], k, &a->dy, r)) {
             F(backward_exact)(b, w, mean, rstd, r, g, sc);
             if (r + 1 < r1)
                 ops->grad_sums(lnf_row(&a->x, r + 1), lnf_row(&a->dy, r + 1), w,
@@ -329,7 +353,7 @@ static void F(backward_row)(const lnf_bwd *b, const REAL *w, const REAL *mean, c
     const REAL *dyr = lnf_load_row(&a->dy, r, D, buf + D, sizeof(REAL));
     REAL *dxr = lnf_out_row(&a->dx, r, buf + 2 * D, sizeof(REAL));
     F(row_grad_sums)(b, ops, xr, dyr, w, m, s);
-    if (!F(row_grad_scalars)(s, D, a->centered, m, rstd[r], k)) {
+    if (!F(row_grad_scalars)(s, D, a->centered, m, rstd[r], k, &a->dy, r)) {
         F(backward_exact)(b, w, mean, rstd, r, g, sc);
         return;
     }
@@ -400,7 +424,7 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
         dyn = lnf_row_or_null(&a->dy, r + 1, r1, 1);
         REAL mn = c && nxt ? mean[r + 1] : 0;
         slot = (r + 1 - r0) % 2 * nb;
-        if (!F(row_grad_scalars)(s, D, c, c ? mean[r] : 0, rstd[r], k)) {
+        if (!F(row_grad_scalars)(s, D, c, c ? mean[r] : 0, rstd[r], k, &a->dy, r)) {
             if (nt > 1)
                 lnf_barrier();      /* (every thread is done with the last run) */
             if (t == 0)
@@ -478,7 +502,7 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[3 * T];
         REAL m[T] = {0}, rs[T] = {0}, k[5 * T];     /* (lanes past n: 0, as their sums) */
-        int hard[T] = {0}, any = 0;
+        int hard[T] = {0}, zero[T], any = 0, looked = 0;
         ptrdiff_t inner = a->x.inner;
         const char *px = lnf_row(&a->x, r), *pdy = lnf_row(&a->dy, r);
         const char *pdz = dz ? lnf_row(&a->dz, r) : NULL;
@@ -502,7 +526,12 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys, carries, mode);
         F(tile_grad_k)(s, (double)D, c, m, rs, k);
         for (ptrdiff_t j = 0; j < n; j++) {
-            hard[j] = !F(row_grad_ok)(s[j], s[T + j], s[2 * T + j], (double)D, rs[j]);
+            int ok = F(row_grad_ok)(s[j], s[T + j], s[2 * T + j], (double)D, rs[j]);
+            if (ok == LNF_GRAD_ZERO && !looked) {
+                F(tile_zero_lanes)(dys, D, zero);
+                looked = 1;
+            }
+            hard[j] = ok == LNF_GRAD_ZERO ? !zero[j] : !ok;
             any |= hard[j];
             if (hard[j]) {
                 for (int q = 0; q < 5; q++)

@@ -530,6 +530,21 @@ __device__ __forceinline__ void grad_map(const T *xr, i64 x_in, const T *dyr, i6
     }
 }
 
+// Whether a row's dy is all zeros, over the block: a row whose g and
+// g (x - m) sum to exactly zero is padding then, else its products dy w
+// underflowed (or were flushed) and it is redone (the CPU's lnf_row_zero).
+template <typename T, int VEC>
+__device__ bool dy_row_zero(const T *dyr, i64 dy_in, i64 D, double *smem)
+{
+    double any[1] = {0.0};
+    for (i64 j = (i64)threadIdx.x * VEC; j < D; j += (i64)blockDim.x * VEC)
+        for (int k = 0; k < VEC; k++)
+            if (to_d(dyr[(j + k) * dy_in]) != 0.0)
+                any[0] = 1.0;
+    block_max<1>(any, smem, 0.0);
+    return any[0] == 0.0;
+}
+
 // Whether a float64 row's backward sums serve (the CPU's row_grad_ok):
 // not where they overflowed (with rstd > 0) or where the sum of g (x - m)
 // is so small that its terms may have underflowed.
@@ -690,16 +705,19 @@ __global__ void norm_backward_partial(ROWS(dy), ROWS(x), ROWS(dz),
         block_sum<3>(s, smem);
         T *dxr = dx + r * D;
         const T *dzr = dz != nullptr ? ROW(dz, r) : nullptr;
-        // float64 where the sums overflowed or met TINY values, or where rstd
-        // is below float32's normal range
-        if (sizeof(F) == 4 && !(-1e300 < s[0] + s[1] + s[2] && s[0] + s[1] + s[2] < 1e300
-                                && !(rs < 0x1p-126))) {
+        // g summed to zero where dy is not all zero: products that
+        // underflowed or were flushed (the same for every thread of the block)
+        const bool lost = s[1] == 0.0 && s[2] == 0.0 && !dy_row_zero<T, VEC>(dyr, dy_in, D, smem);
+        // float64 where the sums overflowed or met TINY values, where rstd is
+        // below float32's normal range, or where products were lost
+        if (sizeof(F) == 4 && (lost || !(-1e300 < s[0] + s[1] + s[2] && s[0] + s[1] + s[2] < 1e300
+                                         && !(rs < 0x1p-126)))) {
             s[0] = s[1] = s[2] = 0.0;       // (the same for every thread of the block)
             grad_sums<double, T, VEC>(xr, x_in, dyr, dy_in, w, m, D, s);
             block_sum<3>(s, smem);
             grad_map<double, T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb,
                                                m, rs, s, D);
-        } else if (sizeof(F) == 8 && !grad_sums_ok(s, rs, D)) {
+        } else if (sizeof(F) == 8 && (lost || !grad_sums_ok(s, rs, D))) {
             grad_exact<T, VEC, CENTERED>(xr, x_in, dyr, dy_in, dzr, dz_in, w, dxr, pw, pb, m,
                                          rs, D, smem);
         } else {
