@@ -163,20 +163,11 @@ static inline double *chunk_part(const lnf_reduction *p, ptrdiff_t c)
     return p->part != NULL ? p->part + p->stride * c : NULL;
 }
 
-/* Eight bytes of elements of isz bytes, each less its sign bit. */
+/* Eight bytes of elements of isz bytes, each less its sign bit (in either
+ * byte order: each element's sign is the top bit of its half or quarter). */
 static inline uint64_t lnf_unsigned_mask(ptrdiff_t isz)
 {
-    const uint64_t e64 = 0x7fffffffffffffffu;
-    const uint32_t e32 = 0x7fffffffu;
-    const uint16_t e16 = 0x7fff;
-    unsigned char bytes[8];
-    for (ptrdiff_t i = 0; i < 8; i += isz)
-        memcpy(bytes + i, isz == 8 ? (const void *)&e64 : isz == 4 ? (const void *)&e32
-                                                                   : (const void *)&e16,
-               (size_t)isz);
-    uint64_t mask;
-    memcpy(&mask, bytes, sizeof mask);
-    return mask;
+    return isz == 8 ? 0x7fffffffffffffffu : isz == 4 ? 0x7fffffff7fffffffu : 0x7fff7fff7fff7fffu;
 }
 
 /* Whether the first n (a multiple of 8) bytes at p, elements of the mask's
