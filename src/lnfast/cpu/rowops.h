@@ -497,28 +497,35 @@ LNF_ATTR LNF_INLINE void next_blocks(const LNF_S *xn, const LNF_S *rn, LNF_S *zn
     }
 }
 
-/* The backward map of the LNF_LANES elements from j (kv: its scalars
- * splatted), dx streamed when nt, the dweight/dbias terms added to dw and
- * db (db NULL: RMSNorm). */
+/* The backward map of the `wide` LNF_LANES elements from j (kv: its
+ * scalars splatted; wide: 1, or LNF_MAPW where dx is 16-bit and narrowed
+ * two vectors at once), dx streamed when nt, the dweight/dbias terms added
+ * to dw and db (db NULL: RMSNorm). */
 LNF_ATTR LNF_INLINE void grad_map_lanes(const LNF_S *x, const LNF_S *dy, const LNF_S *dz,
                                         LNF_S *dx, const LNF_VT *kv, LNF_T *dw, LNF_T *db,
-                                        const LNF_T *w, ptrdiff_t j, int nt)
+                                        const LNF_T *w, ptrdiff_t j, int nt, const int wide)
 {
     (void)nt;   /* (16-bit rows: no streaming stores) */
-    LNF_VT t[LNF_NV], dyt[LNF_NV];
-    for (int v = 0; v < LNF_NV; v++) {
+    LNF_VT t[LNF_MAPW * LNF_NV], dyt[LNF_MAPW * LNF_NV], dxs[LNF_MAPW * LNF_NV];
+    for (int v = 0; v < wide * LNF_NV; v++) {
         ptrdiff_t e = j + v * LNF_VE;
         LNF_VT xv = LNF_LOADS(x + e), dyv = LNF_LOADS(dy + e);
         LNF_VT xh = ((xv - kv[0]) - kv[1]) * kv[2];
         LNF_VT dxv = kv[2] * ((dyv * LNF_LOAD(w + e) - kv[3]) - xh * kv[4]);
         if (dz != NULL)
             dxv += LNF_LOADS(dz + e);
-        LNF_OUT(dx + e, dxv, nt);
-        t[v] = dyv * xh, dyt[v] = dyv;
+        if (wide == 1)
+            LNF_OUT(dx + e, dxv, nt);
+        dxs[v] = dxv, t[v] = dyv * xh, dyt[v] = dyv;
     }
-    LNF_ACC_MEM(dw + j, t);
-    if (db != NULL)
-        LNF_ACC_MEM(db + j, dyt);
+    if (wide > 1)
+        for (int v = 0; v < wide * LNF_NV; v += LNF_MAPW)
+            LNF_STORESW(dx + j + v * LNF_VE, dxs + v);
+    for (int h = 0; h < wide; h++) {
+        LNF_ACC_MEM(dw + j + h * LNF_LANES, t + h * LNF_NV);
+        if (db != NULL)
+            LNF_ACC_MEM(db + j + h * LNF_LANES, dyt + h * LNF_NV);
+    }
 }
 
 /* The block sums of the backward terms d, g, g d (grad_terms1) over a step
@@ -709,11 +716,12 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
         if (x != NULL) {
             if (__builtin_expect(nt, 0)) {
                 for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES)
-                    grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, j, 1);
+                    grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, j, 1, 1);
             } else {
-                for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_LANES) {
-                    LNF_PREFETCH_OUT(dx, j);
-                    grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, j, 0);
+                for (ptrdiff_t j = i; j < i + LNF_STEP; j += LNF_MAPW * LNF_LANES) {
+                    for (int h = 0; h < LNF_MAPW; h++)
+                        LNF_PREFETCH_OUT(dx, j + h * LNF_LANES);
+                    grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, j, 0, LNF_MAPW);
                 }
             }
         }
@@ -732,7 +740,7 @@ LNF_ATTR LNF_INLINE void grad_pipe(const LNF_S *x, const LNF_S *dy, const LNF_S 
             lanes_close(&l[u], &lv[u], ns);
     for (; i + LNF_LANES <= n; i += LNF_LANES) {
         if (x != NULL)
-            grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, i, nt);
+            grad_map_lanes(x, dy, dz, dx, kv, dw, db, w, i, nt, 1);
         if (xn != NULL) {
             LNF_VT p[3][LNF_NV];
             grad_blocks(xn, dyn, w, m, i, 1, p);
