@@ -498,6 +498,7 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     REAL *carries = lanes + 2 * T * D;  /* x's and dy's (tv_load_carry) */
     ptrdiff_t tiles = 0, width = (c ? 2 : 1) * D;
     lnf_tile_carry mode = LNF_TILE_PLAIN;
+    const int ahead = lnf_tile_runs_ahead();
     memset(lanes, 0, (size_t)(width * T) * sizeof(REAL));
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[3 * T];
@@ -521,6 +522,12 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
         for (ptrdiff_t j = 0; j < n; j++) {
             m[j] = c ? mean[r + j] : 0;
             rs[j] = rstd[r + j];
+        }
+        if (!copy && ahead) {
+            lnf_tile_prefetch_runs(px, inner, isz, D, r % b->run, b->run);
+            lnf_tile_prefetch_runs(pdy, inner, isz, D, r % b->run, b->run);
+            if (dz)
+                lnf_tile_prefetch_runs(pdz, inner, isz, D, r % b->run, b->run);
         }
         mode = lnf_tile_carry_mode(mode, !copy && inner % 64 == 0, r, r1, b->run);
         ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys, carries, mode);

@@ -61,6 +61,8 @@
 #define LNF_TILE_MAX_D (1 << 14)
 /* How many tiles ahead the tiles prefetch their columns (speed only). */
 #define LNF_TILE_AHEAD 4
+/* Tiles per group of lnf_tile_prefetch_runs (speed only). */
+#define LNF_TILE_GROUP 16
 /* The forward takes two tiles at once for rows of at most this many
  * elements (speed only: the two copies the sums keep stay in the L2). */
 #ifndef LNF_TILE_PAIR_MAX_D

@@ -118,6 +118,30 @@ static inline int lnf_tile_next_full(ptrdiff_t r, ptrdiff_t r1, ptrdiff_t run)
     return r + 2 * LNF_TILE <= r1 && r % run + 2 * LNF_TILE <= run;
 }
 
+/* The next group of LNF_TILE_GROUP tiles of a run, fetched into the L2 a
+ * column's stretch at a time: the tile at row offset `o` of its run (of
+ * `run` adjacent rows) fetches, for its share of the columns (the j-th
+ * of LNF_TILE_GROUP, j its place in its group), the next group's rows of
+ * each column of the tile at p (columns `inner` bytes apart, rows isz
+ * bytes).  A tile's own column is one line, and its columns lie far
+ * apart: fetched only a line at a time (tileops.h), memory sees a line
+ * from each of D pages in turn, which a CPU's streams do not follow; a
+ * column's stretch of 16 tiles is fetched in order (docs/performance_axes.md). */
+static inline void lnf_tile_prefetch_runs(const char *p, ptrdiff_t inner, ptrdiff_t isz,
+                                          ptrdiff_t D, ptrdiff_t o, ptrdiff_t run)
+{
+    enum { G = LNF_TILE_GROUP };
+    ptrdiff_t j = o / LNF_TILE % G, g0 = o - j * LNF_TILE + G * LNF_TILE;
+    ptrdiff_t end = LNF_MIN(run, g0 + G * LNF_TILE);
+    if (g0 >= end)
+        return;
+    for (ptrdiff_t i = j * D / G; i < (j + 1) * D / G; i++) {
+        const char *c = p + i * inner + (g0 - o) * isz;
+        for (ptrdiff_t q = 0; q < (end - g0) * isz; q += 64)
+            LNF_PREFETCH_L2(c + q);
+    }
+}
+
 /* The short tiles at the ends of several runs taken as one copied tile
  * (the forward's tiles): where each run of adjacent rows ends
  * t = run % LNF_TILE rows into a tile, up to LNF_TILE / t such ends

@@ -478,6 +478,7 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
     const F(tile_bufs) t = F(tile_bufs_of)(f, sc);
     char *stage = t.stage, *held = t.held;
     lnf_tails g;
+    const int ahead = lnf_tile_runs_ahead();
     lnf_tails_init(&g, f->run);
     for (ptrdiff_t r = r0; r < r1; r += n) {
         ptrdiff_t inner = a->x.inner;
@@ -502,6 +503,12 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             px = stage, pr = res ? stage + tb : NULL, pz = res ? stage + 2 * tb : NULL;
             py = stage + 3 * tb;
             inner = T * isz;
+        }
+        for (int q = 0; q < tiles && !copy && ahead; q++) {
+            lnf_tile_prefetch_runs(px + q * T * isz, inner, isz, D, r % f->run + q * T, f->run);
+            if (res)
+                lnf_tile_prefetch_runs(pr + q * T * isz, inner, isz, D, r % f->run + q * T,
+                                       f->run);
         }
         n *= tiles;
         F(forward_tile)(f, w, b, mean_out, rstd_out, &t, NULL, r, n, tiles, copy, px, pr, pz,

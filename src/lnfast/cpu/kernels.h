@@ -77,6 +77,10 @@ typedef struct lnf_kernels {
 /* The kernels of storage type `dtype` (enum lnf_dtype) on this CPU, as
  * lnf_select last chose them. */
 const lnf_kernels *lnf_kernels_for(int dtype);
+/* Whether the tile drivers fetch each column's stretch of the next tiles
+ * ahead (lnf_tile_prefetch_runs): on the CPUs where that was measured to
+ * pay (docs/performance_axes.md); speed only, the bits are the same. */
+int lnf_tile_runs_ahead(void);
 
 /* The builds (rows_*.c). */
 #define LNF_DECLARE_OPS(type)                                                  \
