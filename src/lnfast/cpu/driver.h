@@ -126,7 +126,8 @@ static inline int lnf_tile_next_full(ptrdiff_t r, ptrdiff_t r1, ptrdiff_t run)
  * bytes).  A tile's own column is one line, and its columns lie far
  * apart: fetched only a line at a time (tileops.h), memory sees a line
  * from each of D pages in turn, which a CPU's streams do not follow; a
- * column's stretch of 16 tiles is fetched in order (docs/performance_axes.md). */
+ * column's stretch of 16 tiles is fetched in order (docs/performance_axes.md).
+ * Outputs that are not streamed are fetched alike, for their stores. */
 static inline void lnf_tile_prefetch_runs(const char *p, ptrdiff_t inner, ptrdiff_t isz,
                                           ptrdiff_t D, ptrdiff_t o, ptrdiff_t run)
 {

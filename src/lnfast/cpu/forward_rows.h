@@ -509,6 +509,12 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             if (res)
                 lnf_tile_prefetch_runs(pr + q * T * isz, inner, isz, D, r % f->run + q * T,
                                        f->run);
+            if (res)    /* (the outputs' lines too, where they are not streamed) */
+                lnf_tile_prefetch_runs(pz + q * T * isz, inner, isz, D, r % f->run + q * T,
+                                       f->run);
+            if (!f->stream)
+                lnf_tile_prefetch_runs(py + q * T * isz, inner, isz, D, r % f->run + q * T,
+                                       f->run);
         }
         n *= tiles;
         F(forward_tile)(f, w, b, mean_out, rstd_out, &t, NULL, r, n, tiles, copy, px, pr, pz,
