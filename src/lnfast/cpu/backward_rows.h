@@ -524,12 +524,13 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             rs[j] = rstd[r + j];
         }
         if (!copy && ahead) {
-            lnf_tile_prefetch_runs(px, inner, isz, D, r % b->run, b->run);
-            lnf_tile_prefetch_runs(pdy, inner, isz, D, r % b->run, b->run);
+            ptrdiff_t o = r % b->run;
+            lnf_tile_prefetch_runs(px, inner, isz, D, o, b->run);
+            lnf_tile_prefetch_runs(pdy, inner, isz, D, o, b->run);
             if (dz)
-                lnf_tile_prefetch_runs(pdz, inner, isz, D, r % b->run, b->run);
+                lnf_tile_prefetch_runs(pdz, inner, isz, D, o, b->run);
             if (!b->stream)     /* (dx's lines too, where it is not streamed) */
-                lnf_tile_prefetch_runs(pdx, inner, isz, D, r % b->run, b->run);
+                lnf_tile_prefetch_runs(pdx, inner, isz, D, o, b->run);
         }
         mode = lnf_tile_carry_mode(mode, !copy && inner % 64 == 0, r, r1, b->run);
         ops->tile_grad_sums(px, pdy, inner, w, m, s, D, xs, dys, carries, mode);

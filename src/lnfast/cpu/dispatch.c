@@ -6,6 +6,9 @@
 
 static lnf_kernels table[LNF_NDTYPES];
 static int level = -1;     /* float32's: 0 baseline, 1 AVX2, 2 AVX-512; -1 none chosen */
+/* Whether the tiles fetch columns' stretches ahead: on Intel's x86-64 CPUs,
+ * where that paid; on AMD's a like scheme was slower (performance_axes.md). */
+static int runs_ahead;
 
 /* x86-64: 2 where AVX-512 may run below `limit`, 1 AVX2, 0 the baseline;
  * needs_f16c: the type's builds use F16C (float16) too. */
@@ -67,6 +70,9 @@ int lnf_select(int limit)
     }
 #endif
     memcpy(table, t, sizeof table);
+#if LNF_X86_UNITS
+    runs_ahead = __builtin_cpu_is("intel");
+#endif
     level = lvl;
     return lvl;
 }
@@ -79,19 +85,11 @@ const lnf_kernels *lnf_kernels_for(int dtype)
     return &table[dtype];
 }
 
-/* Intel's x86-64 CPUs: tiles went from 17 to 8 ms backward and 6.3 to 3.7
- * ms forward with it (a Xeon with AVX-512); on AMD's a like scheme was
- * slower, and the tiles come near the copy without it. */
 int lnf_tile_runs_ahead(void)
 {
-#if LNF_X86_UNITS
-    static int intel = -1;      /* (a benign race: every thread stores the same) */
-    if (intel < 0)
-        intel = __builtin_cpu_is("intel") ? 1 : 0;
-    return intel;
-#else
-    return 0;
-#endif
+    if (level < 0)
+        lnf_select(LNF_BEST);
+    return runs_ahead;
 }
 
 const char *lnf_simd_name(void)

@@ -505,16 +505,14 @@ static void F(forward_tiles)(const lnf_fwd *f, const REAL *w, const REAL *b, REA
             inner = T * isz;
         }
         for (int q = 0; q < tiles && !copy && ahead; q++) {
-            lnf_tile_prefetch_runs(px + q * T * isz, inner, isz, D, r % f->run + q * T, f->run);
-            if (res)
-                lnf_tile_prefetch_runs(pr + q * T * isz, inner, isz, D, r % f->run + q * T,
-                                       f->run);
-            if (res)    /* (the outputs' lines too, where they are not streamed) */
-                lnf_tile_prefetch_runs(pz + q * T * isz, inner, isz, D, r % f->run + q * T,
-                                       f->run);
+            ptrdiff_t o = r % f->run + q * T, at = q * T * isz;
+            lnf_tile_prefetch_runs(px + at, inner, isz, D, o, f->run);
+            if (res) {  /* (the outputs' lines too, where they are not streamed) */
+                lnf_tile_prefetch_runs(pr + at, inner, isz, D, o, f->run);
+                lnf_tile_prefetch_runs(pz + at, inner, isz, D, o, f->run);
+            }
             if (!f->stream)
-                lnf_tile_prefetch_runs(py + q * T * isz, inner, isz, D, r % f->run + q * T,
-                                       f->run);
+                lnf_tile_prefetch_runs(py + at, inner, isz, D, o, f->run);
         }
         n *= tiles;
         F(forward_tile)(f, w, b, mean_out, rstd_out, &t, NULL, r, n, tiles, copy, px, pr, pz,
