@@ -476,8 +476,8 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
  * depend on the shape alone.  Where dx is not in x's layout every tile
  * runs on copies, its dx stored to its own rows (lnf_tile_scatter_to).
  * The map reads x and dy from the copies the sums kept (xs, dys).  Each
- * tile adds its dweight/dbias terms into per-lane runs (tileops.h), which
- * are added across their lanes into the partial rows dw after every
+ * tile adds its dweight/dbias terms into per-lane runs (tileops.h; the
+ * first tile of a run stores them), which are added across their lanes into the partial rows dw after every
  * LNF_RUN_ROWS tiles and after the chunk's last (tile_fold).  Rows that
  * row_grad_ok turns down are zeroed in xs and dys (and k: they then add
  * nothing) and redone by
@@ -499,7 +499,6 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
     ptrdiff_t tiles = 0, width = (c ? 2 : 1) * D;
     lnf_tile_carry mode = LNF_TILE_PLAIN;
     const int ahead = lnf_tile_runs_ahead();
-    memset(lanes, 0, (size_t)(width * T) * sizeof(REAL));
     for (ptrdiff_t r = r0; r < r1; r += n) {
         double s[3 * T];
         REAL m[T] = {0}, rs[T] = {0}, k[5 * T];     /* (lanes past n: 0, as their sums) */
@@ -551,7 +550,7 @@ static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,
             }
         }
         ops->tile_grad_map(xs, dys, pdz, pdx, inner, k, lanes, c ? lanes + D * T : NULL, w, D,
-                           b->stream && !copy);
+                           b->stream && !copy, tiles % LNF_RUN_ROWS == 0);
         if (++tiles % LNF_RUN_ROWS == 0 || r + n == r1)
             ops->tile_fold(lanes, dw, width);
         if (copy)

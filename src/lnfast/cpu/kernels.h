@@ -55,7 +55,7 @@ typedef struct lnf_row_ops {
                            void *carries, int mode);
     void (*tile_grad_map)(const void *xs, const void *dys, const void *dz, void *dx,
                           ptrdiff_t inner, const void *k, void *gw, void *gb, const void *w,
-                          ptrdiff_t D, int stream);
+                          ptrdiff_t D, int stream, int first);
     void (*tile_fold)(void *runs, double *dw, ptrdiff_t width);
     /* Whether the forward's tile operations gain from two tiles at once
      * (speed only: the bits are those of one at a time). */

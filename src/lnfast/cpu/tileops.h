@@ -507,7 +507,7 @@ LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inn
  * q = {mean, c, rstd, mean(g), mean(g xhat)}. */
 LNF_ATTR LNF_INLINE void tile_grad_col(const LNF_T *xs, const LNF_T *dys, const void *dz,
                                        void *dx, ptrdiff_t inner, const tile_v *q, LNF_T *rw,
-                                       LNF_T *rb, const LNF_T *w, ptrdiff_t i, int nt)
+                                       LNF_T *rb, const LNF_T *w, ptrdiff_t i, int nt, int first)
 {
     tile_v dyi = tv_lanes(dys + i * LNF_TILE);
     tile_v xh = TV_MUL(TV_SUB(TV_SUB(tv_lanes(xs + i * LNF_TILE), q[0]), q[1]), q[2]);
@@ -515,44 +515,94 @@ LNF_ATTR LNF_INLINE void tile_grad_col(const LNF_T *xs, const LNF_T *dys, const 
     if (dz != NULL)
         dxi = TV_ADD(dxi, tv_load(TCOL(dz, i)));
     tv_out(TCOL(dx, i), dxi, nt);
-    tv_put(rw + i * LNF_TILE, TV_ADD(tv_lanes(rw + i * LNF_TILE), TV_MUL(dyi, xh)));
+    tile_v gw = TV_MUL(dyi, xh);
+    tv_put(rw + i * LNF_TILE, first ? gw : TV_ADD(tv_lanes(rw + i * LNF_TILE), gw));
     if (rb != NULL)
-        tv_put(rb + i * LNF_TILE, TV_ADD(tv_lanes(rb + i * LNF_TILE), dyi));
+        tv_put(rb + i * LNF_TILE, first ? dyi : TV_ADD(tv_lanes(rb + i * LNF_TILE), dyi));
+}
+
+LNF_ATTR LNF_INLINE void tile_grad_cols(const void *xs, const void *dys, const void *dz,
+                                        void *dx, ptrdiff_t inner, const tile_v *q, void *gw,
+                                        void *gb, const void *w, ptrdiff_t D, int nt, int first)
+{
+    if (dz == NULL && gb != NULL)       /* (the common cases, with no tests per column) */
+        for (ptrdiff_t i = 0; i < D; i++)
+            tile_grad_col(xs, dys, NULL, dx, inner, q, gw, gb, w, i, nt, first);
+    else if (dz == NULL)
+        for (ptrdiff_t i = 0; i < D; i++)
+            tile_grad_col(xs, dys, NULL, dx, inner, q, gw, NULL, w, i, nt, first);
+    else
+        for (ptrdiff_t i = 0; i < D; i++)
+            tile_grad_col(xs, dys, dz, dx, inner, q, gw, gb, w, i, nt, first);
 }
 
 /* The backward map of a tile from xs and dys (tile_grad_sums' copies; k:
  * the five q of tile_grad_col, LNF_TILE values each), dx and dz `inner`
- * bytes apart; gw, gb: the dweight/dbias runs.  stream: dx by streaming
- * stores. */
+ * bytes apart; gw, gb: the dweight/dbias runs, which the first tile of a
+ * run (`first`) stores rather than adds to (0 + t is t: the sign of a zero
+ * term never reaches the float64 sums, which start at +0).  stream: dx by
+ * streaming stores. */
 LNF_ATTR static void tile_grad_map(const void *xs, const void *dys, const void *dz, void *dx,
                                    ptrdiff_t inner, const void *k, void *gw, void *gb,
-                                   const void *w, ptrdiff_t D, int stream)
+                                   const void *w, ptrdiff_t D, int stream, int first)
 {
     const int nt = LNF_CAN_STREAM && !LNF_STORAGE16 && stream;
     tile_v q[5];
     for (int j = 0; j < 5; j++)
         q[j] = tv_lanes((const LNF_T *)k + j * LNF_TILE);
-    if (dz == NULL && gb != NULL)       /* (the common cases, with no tests per column) */
-        for (ptrdiff_t i = 0; i < D; i++)
-            tile_grad_col(xs, dys, NULL, dx, inner, q, gw, gb, w, i, nt);
-    else if (dz == NULL)
-        for (ptrdiff_t i = 0; i < D; i++)
-            tile_grad_col(xs, dys, NULL, dx, inner, q, gw, NULL, w, i, nt);
+    if (first)
+        tile_grad_cols(xs, dys, dz, dx, inner, q, gw, gb, w, D, nt, 1);
     else
-        for (ptrdiff_t i = 0; i < D; i++)
-            tile_grad_col(xs, dys, dz, dx, inner, q, gw, gb, w, i, nt);
+        tile_grad_cols(xs, dys, dz, dx, inner, q, gw, gb, w, D, nt, 0);
 }
+/* Eight runs folded at once where vectors hold eight float64 values: the
+ * additions of LNF_FOLD, each in its run's own lane (a = lanes 0-7 + lanes
+ * 8-15, then a_k + a_k+4, then those k and k + 2, then the last two), the
+ * eight runs side by side, so that no addition waits on the one before. */
+#if LNF_VECTOR && LNF_VB == 64 && (defined(__clang__) || __GNUC__ >= 12)
+#define TILE_FOLD8 1
+#else
+#define TILE_FOLD8 0
+#endif
+#if TILE_FOLD8
+#define TILE_SHUF(a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
+LNF_ATTR LNF_INLINE void tile_fold8(const LNF_T *r, double *dw)
+{
+    LNF_VD a[8], w[4], z[2];
+    for (int q = 0; q < 8; q++) {
+        tile_d d = TV_WIDEN(tv_lanes(r + q * LNF_TILE));
+        a[q] = d.v[0] + d.v[1];
+    }
+    for (int q = 0; q < 4; q++)         /* [b_q, b_q+4], b_k = a_k + a_k+4 */
+        w[q] = TILE_SHUF(a[q], a[q + 4], 0, 1, 2, 3, 8, 9, 10, 11)
+               + TILE_SHUF(a[q], a[q + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int q = 0; q < 2; q++)         /* [c_q, c_q+4, c_q+2, c_q+6], c_k = b_k + b_k+2 */
+        z[q] = TILE_SHUF(w[q], w[q + 2], 0, 1, 4, 5, 8, 9, 12, 13)
+               + TILE_SHUF(w[q], w[q + 2], 2, 3, 6, 7, 10, 11, 14, 15);
+    LNF_VD s = TILE_SHUF(z[0], z[1], 0, 8, 2, 10, 4, 12, 6, 14)
+               + TILE_SHUF(z[0], z[1], 1, 9, 3, 11, 5, 13, 7, 15);
+    LNF_VD o;
+    memcpy(&o, dw, sizeof o);
+    o += TILE_SHUF(s, s, 0, 1, 4, 5, 2, 3, 6, 7);
+    memcpy(dw, &o, sizeof o);
+}
+#undef TILE_SHUF
+#endif
+
 /* dw[i] += the sum of run i's LNF_TILE lanes in float64, halves added
- * into halves (lnf_fold's order, LNF_FOLD), for i < width; the runs
- * zeroed. */
+ * into halves (lnf_fold's order, LNF_FOLD), for i < width. */
 LNF_ATTR static void tile_fold(void *runs, double *dw, ptrdiff_t width)
 {
     const LNF_T *r = runs;
-    for (ptrdiff_t i = 0; i < width; i++) {
+    ptrdiff_t i = 0;
+#if TILE_FOLD8
+    for (; i + 8 <= width; i += 8)
+        tile_fold8(r + i * LNF_TILE, dw + i);
+#endif
+    for (; i < width; i++) {
         tile_d d = TV_WIDEN(tv_lanes(r + i * LNF_TILE));
         dw[i] += LNF_FOLD(d.v, d.v);
     }
-    memset(runs, 0, (size_t)(width * LNF_TILE) * sizeof(LNF_T));
 }
 #undef TCOL
 #undef TILE_BLOCKS
@@ -561,6 +611,7 @@ LNF_ATTR static void tile_fold(void *runs, double *dw, ptrdiff_t width)
 #undef TILE_AHEAD
 #undef TILE_NTSTORE
 #undef TILE_CARRY
+#undef TILE_FOLD8
 #undef TV_ADD
 #undef TV_SUB
 #undef TV_MUL
