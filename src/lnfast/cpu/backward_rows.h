@@ -477,10 +477,10 @@ static void F(backward_blocks)(const lnf_bwd *bw, const REAL *w, const REAL *mea
  * runs on copies, its dx stored to its own rows (lnf_tile_scatter_to).
  * The map reads x and dy from the copies the sums kept (xs, dys).  Each
  * tile adds its dweight/dbias terms into per-lane runs (tileops.h; the
- * first tile of a run stores them), which are added across their lanes into the partial rows dw after every
- * LNF_RUN_ROWS tiles and after the chunk's last (tile_fold).  Rows that
- * row_grad_ok turns down are zeroed in xs and dys (and k: they then add
- * nothing) and redone by
+ * first tile of a run stores them), which are added across their lanes
+ * into the partial rows dw after every LNF_RUN_ROWS tiles and after the
+ * chunk's last (tile_fold).  Rows that row_grad_ok turns down are zeroed
+ * in xs and dys (and k: they then add nothing) and redone by
  * backward_exact (its float64 terms go into dw itself, or for float32
  * arithmetic into sc->grads). */
 static void F(backward_tiles)(const lnf_bwd *b, const REAL *w, const REAL *mean,

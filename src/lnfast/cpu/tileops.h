@@ -503,8 +503,9 @@ LNF_ATTR static void tile_grad_sums(const void *x, const void *dy, ptrdiff_t inn
 
 /* Column i of the backward map (grad_map1) of a tile kept in xs, dys: dx
  * (+ dz when given) to its column `inner` bytes apart, the lanes' dweight
- * terms dy xhat added into the runs rw, their dy into rb (NULL: RMSNorm);
- * q = {mean, c, rstd, mean(g), mean(g xhat)}. */
+ * terms dy xhat added into the runs rw, their dy into rb (NULL: RMSNorm),
+ * or stored there where `first`; q = {mean, c, rstd, mean(g), mean(g
+ * xhat)}. */
 LNF_ATTR LNF_INLINE void tile_grad_col(const LNF_T *xs, const LNF_T *dys, const void *dz,
                                        void *dx, ptrdiff_t inner, const tile_v *q, LNF_T *rw,
                                        LNF_T *rb, const LNF_T *w, ptrdiff_t i, int nt, int first)
