@@ -138,17 +138,21 @@ LNF_ATTR LNF_INLINE void tile_add_group(tile_d *a, tile_d *m, tile_d g, ptrdiff_
 #endif
 }
 
-/* LNF_TILE values of LNF_T from memory, and to it. */
+/* LNF_TILE values of LNF_T from memory, and to it: a piece at a time
+ * (GCC 12 takes a whole two-vector tile_v through the stack and
+ * general registers). */
 LNF_ATTR LNF_INLINE tile_v tv_lanes(const void *p)
 {
     tile_v v;
-    memcpy(&v, p, sizeof v);
+    for (int u = 0; u < TILE_W; u++)
+        memcpy(&v.v[u], (const char *)p + u * sizeof v.v[0], sizeof v.v[0]);
     return v;
 }
 
 LNF_ATTR LNF_INLINE void tv_put(void *p, tile_v v)
 {
-    memcpy(p, &v, sizeof v);
+    for (int u = 0; u < TILE_W; u++)
+        memcpy((char *)p + u * sizeof v.v[0], &v.v[u], sizeof v.v[0]);
 }
 
 /* A column of the storage type in lanes (16-bit: widened exactly), and
@@ -556,35 +560,49 @@ LNF_ATTR static void tile_grad_map(const void *xs, const void *dys, const void *
     else
         tile_grad_cols(xs, dys, dz, dx, inner, q, gw, gb, w, D, nt, 0);
 }
-/* Eight runs folded at once where vectors hold eight float64 values: the
- * additions of LNF_FOLD, each in its run's own lane (a = lanes 0-7 + lanes
- * 8-15, then a_k + a_k+4, then those k and k + 2, then the last two), the
- * eight runs side by side, so that no addition waits on the one before. */
-#if LNF_VECTOR && LNF_VB == 64 && (defined(__clang__) || __GNUC__ >= 12)
-#define TILE_FOLD8 1
+/* As many runs folded at once as a vector holds float64 values
+ * (TILE_FOLDN: 8 for AVX-512, 4 for AVX2), each run's additions those of
+ * LNF_FOLD in its own lane, the runs side by side, so that no addition
+ * waits on the one before.  64-byte vectors: a = lanes 0-7 + lanes 8-15,
+ * then a_k + a_k+4, then those k and k + 2, then the last two; 32-byte:
+ * a = (lanes 0-3 + 8-11) + (4-7 + 12-15), then a_k + a_k+2, then the two. */
+#if LNF_VECTOR && (LNF_VB == 64 || LNF_VB == 32) && (defined(__clang__) || __GNUC__ >= 12)
+#define TILE_FOLDN (LNF_VB / 8)
 #else
-#define TILE_FOLD8 0
+#define TILE_FOLDN 0
 #endif
-#if TILE_FOLD8
+#if TILE_FOLDN
 #define TILE_SHUF(a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
-LNF_ATTR LNF_INLINE void tile_fold8(const LNF_T *r, double *dw)
+LNF_ATTR LNF_INLINE void tile_foldv(const LNF_T *r, double *dw)
 {
-    LNF_VD a[8], w[4], z[2];
-    for (int q = 0; q < 8; q++) {
+    LNF_VD a[TILE_FOLDN], s, o;
+    for (int q = 0; q < TILE_FOLDN; q++) {
         tile_d d = TV_WIDEN(tv_lanes(r + q * LNF_TILE));
+#if LNF_VB == 64
         a[q] = d.v[0] + d.v[1];
+#else
+        a[q] = (d.v[0] + d.v[2]) + (d.v[1] + d.v[3]);
+#endif
     }
+#if LNF_VB == 64
+    LNF_VD w[4], z[2];
     for (int q = 0; q < 4; q++)         /* [b_q, b_q+4], b_k = a_k + a_k+4 */
         w[q] = TILE_SHUF(a[q], a[q + 4], 0, 1, 2, 3, 8, 9, 10, 11)
                + TILE_SHUF(a[q], a[q + 4], 4, 5, 6, 7, 12, 13, 14, 15);
     for (int q = 0; q < 2; q++)         /* [c_q, c_q+4, c_q+2, c_q+6], c_k = b_k + b_k+2 */
         z[q] = TILE_SHUF(w[q], w[q + 2], 0, 1, 4, 5, 8, 9, 12, 13)
                + TILE_SHUF(w[q], w[q + 2], 2, 3, 6, 7, 10, 11, 14, 15);
-    LNF_VD s = TILE_SHUF(z[0], z[1], 0, 8, 2, 10, 4, 12, 6, 14)
-               + TILE_SHUF(z[0], z[1], 1, 9, 3, 11, 5, 13, 7, 15);
-    LNF_VD o;
+    s = TILE_SHUF(z[0], z[1], 0, 8, 2, 10, 4, 12, 6, 14)
+        + TILE_SHUF(z[0], z[1], 1, 9, 3, 11, 5, 13, 7, 15);
+    s = TILE_SHUF(s, s, 0, 1, 4, 5, 2, 3, 6, 7);
+#else
+    LNF_VD w[2];
+    for (int q = 0; q < 2; q++)         /* [b_q, b_q+2], b_k = a_k + a_k+2 */
+        w[q] = TILE_SHUF(a[q], a[q + 2], 0, 1, 4, 5) + TILE_SHUF(a[q], a[q + 2], 2, 3, 6, 7);
+    s = TILE_SHUF(w[0], w[1], 0, 4, 2, 6) + TILE_SHUF(w[0], w[1], 1, 5, 3, 7);
+#endif
     memcpy(&o, dw, sizeof o);
-    o += TILE_SHUF(s, s, 0, 1, 4, 5, 2, 3, 6, 7);
+    o += s;
     memcpy(dw, &o, sizeof o);
 }
 #undef TILE_SHUF
@@ -596,9 +614,9 @@ LNF_ATTR static void tile_fold(void *runs, double *dw, ptrdiff_t width)
 {
     const LNF_T *r = runs;
     ptrdiff_t i = 0;
-#if TILE_FOLD8
-    for (; i + 8 <= width; i += 8)
-        tile_fold8(r + i * LNF_TILE, dw + i);
+#if TILE_FOLDN
+    for (; i + TILE_FOLDN <= width; i += TILE_FOLDN)
+        tile_foldv(r + i * LNF_TILE, dw + i);
 #endif
     for (; i < width; i++) {
         tile_d d = TV_WIDEN(tv_lanes(r + i * LNF_TILE));
@@ -612,7 +630,7 @@ LNF_ATTR static void tile_fold(void *runs, double *dw, ptrdiff_t width)
 #undef TILE_AHEAD
 #undef TILE_NTSTORE
 #undef TILE_CARRY
-#undef TILE_FOLD8
+#undef TILE_FOLDN
 #undef TV_ADD
 #undef TV_SUB
 #undef TV_MUL
