@@ -226,11 +226,16 @@ _Static_assert(LNF_LANES == 16, "LNF_FOLD spells out lnf_fold for 16 lanes");
 #else
 #define LNF_FOLD1(v) ((v)[0] + (v)[1])
 #endif
-#define LNF_FOLD(s, acc)                                                          \
-    ({                                                                            \
+/* The steps of h that span whole vectors, into acc[0] (tile_foldv's too). */
+#define LNF_FOLD_VECTORS(acc)                                                     \
+    do {                                                                          \
         for (int h_ = LNF_ND / 2; h_ > 0; h_ /= 2)                                \
             for (int k_ = 0; k_ < h_; k_++)                                       \
                 (acc)[k_] += (acc)[k_ + h_];                                      \
+    } while (0)
+#define LNF_FOLD(s, acc)                                                          \
+    ({                                                                            \
+        LNF_FOLD_VECTORS(acc);                                                    \
         LNF_FOLD1((acc)[0]);                                                      \
     })
 #else

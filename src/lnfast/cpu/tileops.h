@@ -563,9 +563,9 @@ LNF_ATTR static void tile_grad_map(const void *xs, const void *dys, const void *
 /* As many runs folded at once as a vector holds float64 values
  * (TILE_FOLDN: 8 for AVX-512, 4 for AVX2), each run's additions those of
  * LNF_FOLD in its own lane, the runs side by side, so that no addition
- * waits on the one before.  64-byte vectors: a = lanes 0-7 + lanes 8-15,
- * then a_k + a_k+4, then those k and k + 2, then the last two; 32-byte:
- * a = (lanes 0-3 + 8-11) + (4-7 + 12-15), then a_k + a_k+2, then the two. */
+ * waits on the one before: a = LNF_FOLD_VECTORS's vector, then for 64-byte
+ * vectors a_k + a_k+4, then those k and k + 2, then the last two; for
+ * 32-byte ones a_k + a_k+2, then the two. */
 #if LNF_VECTOR && (LNF_VB == 64 || LNF_VB == 32) && (defined(__clang__) || __GNUC__ >= 12)
 #define TILE_FOLDN (LNF_VB / 8)
 #else
@@ -578,11 +578,8 @@ LNF_ATTR LNF_INLINE void tile_foldv(const LNF_T *r, double *dw)
     LNF_VD a[TILE_FOLDN], s, o;
     for (int q = 0; q < TILE_FOLDN; q++) {
         tile_d d = TV_WIDEN(tv_lanes(r + q * LNF_TILE));
-#if LNF_VB == 64
-        a[q] = d.v[0] + d.v[1];
-#else
-        a[q] = (d.v[0] + d.v[2]) + (d.v[1] + d.v[3]);
-#endif
+        LNF_FOLD_VECTORS(d.v);
+        a[q] = d.v[0];
     }
 #if LNF_VB == 64
     LNF_VD w[4], z[2];
