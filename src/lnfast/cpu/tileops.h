@@ -138,21 +138,28 @@ LNF_ATTR LNF_INLINE void tile_add_group(tile_d *a, tile_d *m, tile_d g, ptrdiff_
 #endif
 }
 
-/* LNF_TILE values of LNF_T from memory, and to it: a piece at a time
- * (GCC 12 takes a whole two-vector tile_v through the stack and
- * general registers). */
+/* LNF_TILE values of LNF_T from memory, and to it: a piece at a time,
+ * each through a tile_e of its own (GCC 12 takes a whole two-vector
+ * tile_v through the stack and general registers, and a memcpy straight
+ * into a member through narrower stack copies that the vector reload
+ * cannot forward from). */
 LNF_ATTR LNF_INLINE tile_v tv_lanes(const void *p)
 {
     tile_v v;
-    for (int u = 0; u < TILE_W; u++)
-        memcpy(&v.v[u], (const char *)p + u * sizeof v.v[0], sizeof v.v[0]);
+    for (int u = 0; u < TILE_W; u++) {
+        tile_e e;
+        memcpy(&e, (const char *)p + u * sizeof e, sizeof e);
+        v.v[u] = e;
+    }
     return v;
 }
 
 LNF_ATTR LNF_INLINE void tv_put(void *p, tile_v v)
 {
-    for (int u = 0; u < TILE_W; u++)
-        memcpy((char *)p + u * sizeof v.v[0], &v.v[u], sizeof v.v[0]);
+    for (int u = 0; u < TILE_W; u++) {
+        tile_e e = v.v[u];
+        memcpy((char *)p + u * sizeof e, &e, sizeof e);
+    }
 }
 
 /* A column of the storage type in lanes (16-bit: widened exactly), and
