@@ -262,7 +262,7 @@ LNF_F16C("avx512f,avx512dq,avx512bf16") lnf_vh16 lnf_vnarrow_bf16b512(lnf_vf16 v
 }
 
 /* Thirty-two values at once, for the forward map: vcvtne2ps2bf16 takes
- * about what vcvtneps2bf16 takes for sixteen (docs/performance.md).
+ * about what vcvtneps2bf16 takes for sixteen (docs/performance_cpu.md).
  * The subnormals it flushes come out as zeros, so only a pair with a zero
  * result is classified, and one holding a subnormal takes the integer code. */
 LNF_F16C("avx512f,avx512dq,avx512bw,avx512bf16") lnf_vh32 lnf_vnarrow2_bf16b512(lnf_vf16 a,
@@ -286,13 +286,19 @@ LNF_F16C("avx2") lnf_vf8 lnf_vwiden_bf16x256(lnf_vh8 h)
     return (lnf_vf8)_mm256_slli_epi32(_mm256_cvtepu16_epi32((__m128i)h), 16);
 }
 
+/* The bits of non-NaN float32 values u rounded to nearest even at bit 16:
+ * the bfloat16 values in their high halves. */
+LNF_F16C("avx2") __m256i lnf_rne_bf16x256(__m256i u)
+{
+    return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                            _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+}
+
 /* Narrowing, the general case: NaN included. */
 LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256_any(lnf_vf8 v)
 {
     __m256i u = (__m256i)v, hi = _mm256_srli_epi32(u, 16);
-    __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                                                     _mm256_and_si256(hi, _mm256_set1_epi32(1))),
-                                    16);
+    __m256i rne = _mm256_srli_epi32(lnf_rne_bf16x256(u), 16);
     /* NaN: magnitude above infinity's bits (signed compare is safe: both
      * sides are below 2^31) */
     __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
@@ -305,18 +311,34 @@ LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256_any(lnf_vf8 v)
 /* Narrowing without NaN (checked first, one compare): round to nearest
  * even in place, then gather the high halves with one byte shuffle and one
  * qword permute: 7 operations per 8 values instead of 12
- * (docs/performance.md). */
+ * (docs/performance_cpu.md). */
 LNF_F16C("avx2") lnf_vh8 lnf_vnarrow_bf16x256(lnf_vf8 v)
 {
     if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q)), 0))
         return lnf_vnarrow_bf16x256_any(v);
-    __m256i u = (__m256i)v;
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+    __m256i r = lnf_rne_bf16x256((__m256i)v);
     const __m256i high = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
                                           2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
     r = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, high), 0x08);
     return (lnf_vh8)_mm256_castsi256_si128(r);
+}
+
+/* Sixteen values at once, for the maps: one NaN check for both vectors
+ * and one pack (packus, then a qword permute into memory order) for both:
+ * 14 operations per 16 values instead of 16. */
+LNF_F16C("avx2") lnf_vh16 lnf_vnarrow2_bf16x256(lnf_vf8 a, lnf_vf8 b)
+{
+    lnf_vh16 r;
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps((__m256)a, (__m256)b, _CMP_UNORD_Q)), 0)) {
+        lnf_vh8 lo = lnf_vnarrow_bf16x256_any(a), hi = lnf_vnarrow_bf16x256_any(b);
+        memcpy(&r, &lo, sizeof lo);
+        memcpy((char *)&r + sizeof lo, &hi, sizeof hi);
+        return r;
+    }
+    __m256i u = _mm256_srli_epi32(lnf_rne_bf16x256((__m256i)a), 16);
+    __m256i v = _mm256_srli_epi32(lnf_rne_bf16x256((__m256i)b), 16);
+    /* (packus: every value fits 16 bits; it leaves u0-3 v0-3 u4-7 v4-7) */
+    return (lnf_vh16)_mm256_permute4x64_epi64(_mm256_packus_epi32(u, v), 0xd8);
 }
 #undef LNF_F16C
 #undef LNF_NEAREST

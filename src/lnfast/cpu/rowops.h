@@ -107,18 +107,19 @@ typedef double lnf_vdd __attribute__((vector_size(2 * LNF_VB)));
 #define LNF_ROUND(v) (v)
 #else
 typedef uint16_t lnf_vh __attribute__((vector_size(LNF_VB / 2)));
+typedef uint16_t lnf_vh2 __attribute__((vector_size(LNF_VB)));   /* two vectors' */
 #define LNF_VH lnf_vh       /* one vector's 16-bit values */
 #define LNF_LOADS(p) ({ LNF_VH h_; memcpy(&h_, (p), sizeof h_); LNF_VWIDEN(h_); })
 #define LNF_STORES(p, v) do { LNF_VH h_ = LNF_VNARROW(v); memcpy((p), &h_, sizeof h_); } while (0)
 #define LNF_ROUND(v) LNF_VWIDEN(LNF_VNARROW(v))
 #endif
-/* The forward map stores LNF_MAPW vectors at a time: two where the
- * instance narrows 32 values in one conversion (LNF_VNARROW2). */
+/* The maps store LNF_MAPW vectors at a time: two where the instance
+ * narrows two vectors' values at once (LNF_VNARROW2). */
 #ifdef LNF_VNARROW2
 #define LNF_MAPW 2
 #define LNF_STORESW(p, v)                                                     \
     do {                                                                      \
-        lnf_vh32 h2_ = LNF_VNARROW2((v)[0], (v)[1]);                          \
+        lnf_vh2 h2_ = LNF_VNARROW2((v)[0], (v)[1]);                           \
         memcpy((p), &h2_, sizeof h2_);                                        \
     } while (0)
 #else

@@ -7,6 +7,7 @@
 #define LNF_VB 32
 #define LNF_VWIDEN lnf_vwiden_bf16x256
 #define LNF_VNARROW lnf_vnarrow_bf16x256
+#define LNF_VNARROW2 lnf_vnarrow2_bf16x256
 #include "rowops.h"
 #else
 typedef int lnf_unit_not_built;   /* (not for this target) */
