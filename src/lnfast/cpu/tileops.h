@@ -178,10 +178,15 @@ LNF_ATTR LNF_INLINE tile_v tv_load(const LNF_S *p)
 
 LNF_ATTR LNF_INLINE void tv_store(LNF_S *p, tile_v t)
 {
-    for (int u = 0; u < TILE_W; u++)
 #if LNF_VECTOR
-        LNF_STORES(p + u * LNF_VE, t.v[u]);
+    if (TILE_W % LNF_MAPW == 0)         /* (narrowed in pairs where it can) */
+        for (int u = 0; u < TILE_W; u += LNF_MAPW)
+            LNF_STORESW(p + u * LNF_VE, t.v + u);
+    else
+        for (int u = 0; u < TILE_W; u++)
+            LNF_STORES(p + u * LNF_VE, t.v[u]);
 #else
+    for (int u = 0; u < TILE_W; u++)
         LNF_PUT(p, u, t.v[u]);
 #endif
 }
