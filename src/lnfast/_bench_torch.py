@@ -11,11 +11,13 @@ rounds (the copy floor, as in the other groups). Each shape is timed in
 rounds (`--rounds`, default 3), every round timing the copy and each module
 in turn; a case's time is the median of its rounds'. The block is width 768,
 sequence 256, batch 8, float32: attention, an MLP and two LayerNorms,
-forward, backward and an SGD step.
+forward, backward and an SGD step; the block and a copy of it after
+`replace_norms` are timed by turns in the same rounds.
 """
+import copy
 import sys
 
-from lnfast._bench import _copy, _gbs, _in_rounds, _median_seconds, _rounds, _shape
+from lnfast._bench import _copy, _gbs, _in_rounds, _rounds, _shape
 
 SHAPES = ["8192x1024", "256x1024", "32x768", "1x768"]
 QUICK = ["256x1024", "1x768"]
@@ -73,31 +75,30 @@ def run(args, torch, threads):
                              "impl": impl, "ms": sec * 1e3, "gbs": 5 * x.nbytes / sec / 1e9,
                              "copy_gbs": copy})
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-    rows += _training_step(torch, lt, args.quick, repeat, budget)
+    rows += _training_step(torch, lt, args.quick, rounds, per_round, budget)
     _print(rows, threads)
     return rows
 
 
-def _training_step(torch, lt, quick, repeat, budget):
+def _training_step(torch, lt, quick, rounds, per_round, budget):
     torch.manual_seed(0)
-    block = _block(torch)
+    ref = _block(torch)
     x = torch.randn(2 if quick else 8, 64 if quick else 256, 768)
-    opt = torch.optim.SGD(block.parameters(), lr=1e-3)
-
-    def step():
-        opt.zero_grad()
-        block(x).square().mean().backward()
-        opt.step()
-
-    rows = []
+    steps = {}
     for impl in ("torch.nn", "lnfast"):
-        if impl == "lnfast":
-            lt.replace_norms(block)
-        sec = _median_seconds(step, repeat, budget)
-        rows.append({"group": "training step", "module": "pre-norm block",
-                     "shape": "x".join(map(str, x.shape)), "dtype": "float32", "impl": impl,
-                     "ms": sec * 1e3, "gbs": None, "copy_gbs": None})
-    return rows
+        # (two blocks of the same weights, timed by turns)
+        block = ref if impl == "torch.nn" else lt.replace_norms(copy.deepcopy(ref))
+        opt = torch.optim.SGD(block.parameters(), lr=1e-3)
+
+        def step(block=block, opt=opt):
+            opt.zero_grad()
+            block(x).square().mean().backward()
+            opt.step()
+        steps[impl] = step
+    secs = _in_rounds(steps, rounds, per_round, budget)
+    return [{"group": "training step", "module": "pre-norm block",
+             "shape": "x".join(map(str, x.shape)), "dtype": "float32", "impl": impl,
+             "ms": sec * 1e3, "gbs": None, "copy_gbs": None} for impl, sec in secs.items()]
 
 
 def _print(rows, threads):
