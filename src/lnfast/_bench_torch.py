@@ -14,7 +14,7 @@ sequence 256, batch 8, float32: attention, an MLP and two LayerNorms,
 forward, backward and an SGD step; the block and a copy of it after
 `replace_norms` are timed by turns in the same rounds.
 """
-import copy
+from copy import deepcopy
 import sys
 
 from lnfast._bench import _copy, _gbs, _in_rounds, _rounds, _shape
@@ -87,7 +87,7 @@ def _training_step(torch, lt, quick, rounds, per_round, budget):
     steps = {}
     for impl in ("torch.nn", "lnfast"):
         # (two blocks of the same weights, timed by turns)
-        block = ref if impl == "torch.nn" else lt.replace_norms(copy.deepcopy(ref))
+        block = ref if impl == "torch.nn" else lt.replace_norms(deepcopy(ref))
         opt = torch.optim.SGD(block.parameters(), lr=1e-3)
 
         def step(block=block, opt=opt):
